@@ -1,0 +1,46 @@
+# gpufleet — every target bootstraps what it needs (a .venv, and as root the lab's Debian packages).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# Debian packages the lab, Molecule and the integration tests need on the control node.
+LAB_PACKAGES := systemd-container debootstrap git-lfs iptables iproute2 openssh-client
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint unit integration molecule venv lab-prereqs clean
+
+demo: $(STAMP)  ## validate and plan the example production inventory
+	$(BIN)/gpufleet validate -i inventories/prod
+	$(BIN)/gpufleet plan -i inventories/prod
+
+test: lab-prereqs $(STAMP) lint  ## everything CI runs: linters, then the whole pytest suite
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/yamllint --strict .
+	$(BIN)/ruff check src tests plugins
+	$(BIN)/ruff format --check src tests plugins
+	$(BIN)/mypy
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ansible-lint --profile production --strict
+
+unit: $(STAMP)
+	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+lab-prereqs:  ## the lab's Debian packages (root only; skipped when present)
+	@missing=""; for p in $(LAB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "missing Debian packages:$$missing (run as root: apt-get install$$missing)"; exit 1; fi; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	fi
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache dist

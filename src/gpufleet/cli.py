@@ -1,0 +1,42 @@
+"""The ``gpufleet`` command: one sub-command per module in :mod:`gpufleet.commands`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from importlib import import_module
+
+from gpufleet import __version__
+
+# Each module exposes ``register(subparsers)``, which adds its parser and sets ``func(args) -> int``.
+COMMAND_MODULES = ("validate", "plan", "lab")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpufleet",
+        description="Bare GPU servers to a verified multi-node vLLM service, online or air-gapped.",
+    )
+    parser.add_argument("--version", action="version", version=f"gpufleet {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        module = import_module(f"gpufleet.commands.{name}")
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code (0 ok, 1 problems found, 2 usage error)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except KeyboardInterrupt:
+        print("gpufleet: interrupted", file=sys.stderr)
+        return 130
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Sub-commands of the ``gpufleet`` command line; each module exposes ``register(subparsers)``."""

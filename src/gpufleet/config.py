@@ -1,0 +1,174 @@
+"""The fleet schema: frozen pydantic models built from an Ansible inventory.
+
+The inventory is the single source of truth; these models are its typed, validated view. Every model
+forbids extra keys, so a misspelt variable is an error rather than a silent default. Each field knows the
+inventory variable it comes from (``VARIABLES``), so that messages name what the user wrote.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv6Address
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Linux interface names: at most 15 bytes (IFNAMSIZ - 1), no slash or whitespace.
+NIC_PATTERN = r"^[A-Za-z0-9_.:@-]{1,15}$"
+# A ModelScope (or Hugging Face) repository id: "<org>/<name>".
+REPO_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+Dtype = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
+KvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
+Quantization = Literal["awq", "gptq", "bitsandbytes", "fp8"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class GpuSpec(_Frozen):
+    """The GPUs a host is expected to have; preflight compares them with what the host reports."""
+
+    count: int = Field(default=1, ge=0, le=64)
+    model: str | None = None
+    memory_gib: float | None = Field(default=None, gt=0, le=1024)
+
+
+class NodeSpec(_Frozen):
+    """One host of group ``gpu_nodes``."""
+
+    name: str
+    ansible_host: str
+    node_ip: IPv4Address | IPv6Address
+    nic: str = Field(pattern=NIC_PATTERN)
+    gpu: bool = True
+    gpus: GpuSpec
+    role: Literal["head", "worker"]
+
+
+class ModelSpec(_Frozen):
+    """The model every node serves, fetched to the same path on each of them."""
+
+    repo: str = Field(pattern=REPO_PATTERN)
+    revision: str = Field(default="master", min_length=1)
+    dir: str
+    config: Path | None = None
+
+    @field_validator("dir")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("an absolute path on the nodes, such as /opt/models/<name>")
+        return value
+
+
+class ServingSpec(_Frozen):
+    """vLLM's serving settings (inputs of the ``vllm_service`` role)."""
+
+    tensor_parallel_size: int = Field(default=1, ge=1, le=512)
+    pipeline_parallel_size: int = Field(default=1, ge=1, le=512)
+    max_model_len: int | None = Field(default=None, gt=0)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    block_size: Literal[1, 8, 16, 32, 64, 128] = 16
+    dtype: Dtype = "auto"
+    kv_cache_dtype: KvCacheDtype = "auto"
+    quantization: Quantization | None = None
+    cpu_offload_gb: float = Field(default=0.0, ge=0)
+    max_num_batched_tokens: int | None = Field(default=None, gt=0)
+    max_num_seqs: int | None = Field(default=None, gt=0)
+    kv_cache_memory_gib: float | None = Field(default=None, gt=0)
+    enforce_eager: bool = False
+    served_model_name: str | None = Field(default=None, min_length=1)
+    port: int = Field(default=8000, ge=1, le=65535)
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+class FleetSpec(_Frozen):
+    """A whole validated inventory."""
+
+    nodes: tuple[NodeSpec, ...]
+    model: ModelSpec
+    serving: ServingSpec
+    bundle_dir: Path | None = None
+    inventory: Path
+
+    @model_validator(mode="after")
+    def _one_head(self) -> FleetSpec:
+        if sum(node.role == "head" for node in self.nodes) != 1:
+            raise ValueError("exactly one node in group ray_head")
+        return self
+
+    @property
+    def head(self) -> NodeSpec:
+        return next(node for node in self.nodes if node.role == "head")
+
+    @property
+    def workers(self) -> tuple[NodeSpec, ...]:
+        return tuple(node for node in self.nodes if node.role == "worker")
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(node.gpus.count for node in self.nodes)
+
+
+@dataclass(frozen=True)
+class Variable:
+    """Where an inventory variable lands in the models."""
+
+    name: str
+    section: Literal["node", "gpus", "model", "serving", "fleet"]
+    field: str
+    per_host: bool
+
+
+def _variables() -> dict[str, Variable]:
+    table = [
+        Variable("gpufleet_node_ip", "node", "node_ip", True),
+        Variable("gpufleet_nic", "node", "nic", True),
+        Variable("gpufleet_gpu", "node", "gpu", True),
+        Variable("gpufleet_gpu_count", "gpus", "count", True),
+        Variable("gpufleet_gpu_model", "gpus", "model", True),
+        Variable("gpufleet_gpu_memory_gib", "gpus", "memory_gib", True),
+        Variable("gpufleet_model_repo", "model", "repo", False),
+        Variable("gpufleet_model_revision", "model", "revision", False),
+        Variable("gpufleet_model_dir", "model", "dir", False),
+        Variable("gpufleet_model_config", "model", "config", False),
+        Variable("gpufleet_bundle_dir", "fleet", "bundle_dir", False),
+    ]
+    table += [Variable(f"vllm_service_{f}", "serving", f, False) for f in ServingSpec.model_fields]
+    return {variable.name: variable for variable in table}
+
+
+# Every variable the Python side reads; roles add their own through meta/argument_specs.yml.
+VARIABLES: dict[str, Variable] = _variables()
+# Variables gpufleet reads from the inventory that belong to no model (the runner and roles use them).
+FLEET_ONLY_VARIABLES = frozenset({"gpufleet_api_key_file", "gpufleet_lab"})
+
+# Total memory per GPU as CUDA reports it (torch.cuda.mem_get_info), which is what vLLM multiplies by
+# gpu_memory_utilization. Measured: RTX 3090 (shared testdata), H100 80GB HBM3 (the GPU machine). The others
+# are the boards' MiB figures from nvidia-smi less the same ~0.5 GiB reservation: set
+# gpufleet_gpu_memory_gib to override.
+GPU_MEMORY_GIB: dict[str, float] = {
+    "NVIDIA GeForce RTX 3090": 23.69,
+    "NVIDIA GeForce RTX 4090": 23.65,
+    "NVIDIA H100 80GB HBM3": 79.18,
+    "NVIDIA H800": 79.18,
+    "NVIDIA A100-SXM4-80GB": 79.15,
+    "NVIDIA A100-SXM4-40GB": 39.39,
+    "NVIDIA L40S": 44.39,
+    "NVIDIA A10": 22.05,
+}
+
+
+def gpu_memory_gib(gpus: GpuSpec) -> float | None:
+    """The memory of one GPU: declared, else the catalog's figure for the declared model."""
+    if gpus.memory_gib is not None:
+        return gpus.memory_gib
+    if gpus.model is None:
+        return None
+    return GPU_MEMORY_GIB.get(gpus.model)

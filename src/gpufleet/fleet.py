@@ -1,0 +1,299 @@
+"""Turn a raw inventory into a validated FleetSpec, collecting every problem before touching a host."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from gpufleet.config import (
+    FLEET_ONLY_VARIABLES,
+    VARIABLES,
+    FleetSpec,
+    GpuSpec,
+    ModelSpec,
+    NodeSpec,
+    ServingSpec,
+    gpu_memory_gib,
+)
+from gpufleet.inventory import RawHost, RawInventory, read_inventory
+from gpufleet.paths import project_root
+from gpufleet.planner import GpuDevice, PlannerInputError, PlanRequest, load_model_config, plan
+from gpufleet.problems import InventoryError, Problem
+
+GROUP_FIX = "put every GPU host under gpu_nodes, in ray_head (one host) or ray_workers"
+
+
+@dataclass
+class Validation:
+    fleet: FleetSpec | None = None
+    problems: list[Problem] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def role_variables(root: Path | None = None) -> dict[str, str]:
+    """Every role input declared in roles/*/meta/argument_specs.yml, mapped to its role."""
+    root = root or project_root()
+    found: dict[str, str] = {}
+    if root is None:
+        return found
+    for spec_file in sorted(root.glob("roles/*/meta/argument_specs.yml")):
+        role = spec_file.parent.parent.name
+        specs = yaml.safe_load(spec_file.read_text(encoding="utf-8")) or {}
+        for entry in (specs.get("argument_specs") or {}).values():
+            for option in (entry or {}).get("options") or {}:
+                found[str(option)] = role
+    return found
+
+
+def validate_inventory(path: Path) -> Validation:
+    """Every problem of an inventory, and the FleetSpec when there is none."""
+    try:
+        raw = read_inventory(path)
+    except InventoryError as error:
+        return Validation(problems=list(error.problems))
+    result = Validation(problems=list(raw.problems))
+    nodes = _gpu_nodes(raw, result)
+    roles = role_variables()
+    for host in nodes:
+        result.problems += _unknown_variables(host, roles)
+    result.problems += _fleet_wide_differences(nodes, roles)
+    if not nodes:
+        return result
+    result.fleet = _build_fleet(raw, nodes, result)
+    if result.fleet is not None:
+        _check_parallelism(result.fleet, result)
+    if result.fleet is not None and not result.problems:
+        _check_plan(result.fleet, result)
+    return result
+
+
+def _gpu_nodes(raw: RawInventory, result: Validation) -> list[RawHost]:
+    heads = raw.members("ray_head")
+    if not heads:
+        result.problems.append(Problem("group ray_head", "hosts", "no host", "exactly one host (the Ray head)",
+                                       "add one host of gpu_nodes to group ray_head"))
+    elif len(heads) > 1:
+        names = ", ".join(host.name for host in heads)
+        result.problems.append(Problem("group ray_head", "hosts", f"{len(heads)} hosts ({names})",
+                                       "exactly one host", "keep one head and move the others to ray_workers"))
+    for host in raw.hosts:
+        if {"ray_head", "ray_workers"} <= host.groups:
+            result.problems.append(Problem(f"host {host.name}", "groups", "in ray_head and in ray_workers",
+                                           "in one of them", "remove it from ray_workers"))
+        in_ray = bool({"ray_head", "ray_workers"} & host.groups)
+        if in_ray != ("gpu_nodes" in host.groups):
+            found = "in a ray group but not in gpu_nodes" if in_ray else "in gpu_nodes but in no ray group"
+            result.problems.append(Problem(f"host {host.name}", "groups", found,
+                                           "gpu_nodes with ray_head or ray_workers", GROUP_FIX))
+    nodes = raw.members("gpu_nodes")
+    if not nodes:
+        result.problems.append(Problem(str(raw.path), "gpu_nodes", "no hosts in group gpu_nodes",
+                                       "at least one host", GROUP_FIX))
+    return nodes
+
+
+def _known(roles: Mapping[str, str]) -> set[str]:
+    return set(VARIABLES) | set(FLEET_ONLY_VARIABLES) | set(roles)
+
+
+def _unknown_variables(host: RawHost, roles: Mapping[str, str]) -> Iterator[Problem]:
+    known = _known(roles)
+    prefixes = ("gpufleet_", *(f"{role}_" for role in set(roles.values())))
+    for name in sorted(host.variables):
+        if name in known or name.startswith("ansible_"):
+            continue
+        owned = name.startswith(prefixes)
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6 if owned else 0.85)
+        if not owned and not close:
+            continue  # the user's own variable, in no namespace of ours
+        hint = f"did you mean {close[0]}? " if close else ""
+        yield Problem(f"host {host.name}", name, "a variable gpufleet does not know",
+                      "a variable listed in the README's inventory reference",
+                      f"{hint}Rename or remove it (a misspelt setting would otherwise be ignored)")
+
+
+def _fleet_wide_differences(nodes: list[RawHost], roles: Mapping[str, str]) -> Iterator[Problem]:
+    """Settings that must be identical on every node: the model, serving, versions and images."""
+    fleet_wide = [name for name, var in VARIABLES.items() if not var.per_host]
+    fleet_wide += [name for name in roles if "version" in name or name.endswith("_image")]
+    for name in sorted(fleet_wide):
+        values = {host.name: host.variables.get(name) for host in nodes if name in host.variables}
+        if len({repr(value) for value in values.values()}) > 1:
+            found = ", ".join(f"{value!r} on {host}" for host, value in values.items())
+            yield Problem("group gpu_nodes", name, found, "one value on every node (no version skew)",
+                          f"set {name} once, in group_vars/gpu_nodes.yml, and remove the per-host values")
+
+
+def _section(host: RawHost, section: str) -> dict[str, Any]:
+    return {var.field: host.variables[name] for name, var in VARIABLES.items()
+            if var.section == section and name in host.variables}
+
+
+def _build(model: type[BaseModel], data: dict[str, Any], section: str, where: str,
+           result: Validation) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        for detail in error.errors():
+            result.problems.append(_problem_from_pydantic(detail, section, where))
+        return None
+
+
+def _variable_for(section: str, field_name: str) -> str:
+    for name, var in VARIABLES.items():
+        if var.section == section and var.field == field_name:
+            return name
+    return field_name
+
+
+def _problem_from_pydantic(detail: Mapping[str, Any], section: str, where: str) -> Problem:
+    field_name = str(detail["loc"][0]) if detail["loc"] else ""
+    variable = _variable_for(section, field_name)
+    if detail["type"] == "missing":
+        return Problem(where, variable, "nothing (the variable is not set)", "a value",
+                       f"set {variable} (see the README's inventory reference)")
+    expected = str(detail["msg"]).removeprefix("Value error, ")
+    expected = expected[0].lower() + expected[1:] if expected else expected
+    return Problem(where, variable, repr(detail.get("input")), expected, f"set {variable} to a valid value")
+
+
+def _build_node(host: RawHost, result: Validation) -> NodeSpec | None:
+    where = f"host {host.name}"
+    gpus = _build(GpuSpec, _section(host, "gpus"), "gpus", where, result)
+    node_data = _section(host, "node") | {
+        "name": host.name,
+        "ansible_host": str(host.variables.get("ansible_host", host.name)),
+        "role": "head" if "ray_head" in host.groups else "worker",
+        "gpus": gpus or GpuSpec(),
+    }
+    node: NodeSpec | None = _build(NodeSpec, node_data, "node", where, result)
+    if node is not None and gpus is not None and node.gpu and node.gpus.count > 0:
+        if gpu_memory_gib(node.gpus) is None:
+            result.problems.append(Problem(
+                where, "gpufleet_gpu_memory_gib", f"GPU model {node.gpus.model!r} with no memory size",
+                "the memory of one GPU in GiB, as CUDA reports it",
+                "set gpufleet_gpu_memory_gib (nvidia-smi --query-gpu=memory.total shows MiB)"))
+    return node if gpus is not None else None
+
+
+def _build_fleet(raw: RawInventory, hosts: list[RawHost], result: Validation) -> FleetSpec | None:
+    nodes = [_build_node(host, result) for host in hosts]
+    head = next((host for host in hosts if "ray_head" in host.groups), hosts[0])
+    model = _build(ModelSpec, _section(head, "model"), "model", "group gpu_nodes", result)
+    serving = _build(ServingSpec, _section(head, "serving"), "serving", "group gpu_nodes", result)
+    result.problems += _duplicates([node for node in nodes if node is not None])
+    bundle = head.variables.get("gpufleet_bundle_dir")
+    if result.problems or model is None or serving is None or None in nodes:
+        return None
+    try:
+        return FleetSpec(nodes=tuple(n for n in nodes if n is not None), model=model, serving=serving,
+                         bundle_dir=Path(bundle) if bundle else None, inventory=raw.path)
+    except ValidationError:
+        return None  # the group checks above already said why (no head, several heads)
+
+
+def _duplicates(nodes: list[NodeSpec]) -> Iterator[Problem]:
+    for attribute, variable in (("node_ip", "gpufleet_node_ip"), ("ansible_host", "ansible_host")):
+        seen: dict[str, str] = {}
+        for node in nodes:
+            value = str(getattr(node, attribute))
+            if value in seen:
+                yield Problem(f"hosts {seen[value]} and {node.name}", variable, f"{value} on both",
+                              "a different address for each host",
+                              f"give each host its own {variable} (two names for one machine?)")
+            seen.setdefault(value, node.name)
+
+
+def _check_parallelism(fleet: FleetSpec, result: Validation) -> None:
+    gpu_nodes = [node for node in fleet.nodes if node.gpu]
+    if not gpu_nodes:
+        result.warnings.append("no node has gpufleet_gpu: true (a lab): GPU counts and memory are not planned")
+        return
+    serving = fleet.serving
+    declared = ", ".join(f"{node.name}: {node.gpus.count}" for node in gpu_nodes)
+    total = sum(node.gpus.count for node in gpu_nodes)
+    if serving.world_size != total:
+        result.problems.append(Problem(
+            "group gpu_nodes", "vllm_service_tensor_parallel_size x vllm_service_pipeline_parallel_size",
+            f"{serving.tensor_parallel_size} x {serving.pipeline_parallel_size} = {serving.world_size} GPUs",
+            f"the {total} GPUs the inventory declares ({declared})",
+            "make tensor x pipeline parallel size equal the GPU count (commonly TP = GPUs per node, "
+            "PP = nodes), or correct gpufleet_gpu_count"))
+        return
+    per_node = max(node.gpus.count for node in gpu_nodes)
+    if serving.tensor_parallel_size > per_node and len(gpu_nodes) > 1:
+        result.warnings.append(
+            f"tensor parallelism spans nodes (TP={serving.tensor_parallel_size}, at most {per_node} GPU(s) "
+            f"per node): every layer's all-reduce crosses the network; TP={per_node} with "
+            f"PP={serving.world_size // per_node} is usually faster")
+
+
+def node_gpu_memory(fleet: FleetSpec) -> list[tuple[str, float]]:
+    """(name, GiB) for every GPU of the fleet, in node order."""
+    devices: list[tuple[str, float]] = []
+    for node in fleet.nodes:
+        memory = gpu_memory_gib(node.gpus)
+        if node.gpu and memory is not None:
+            label = f"{node.gpus.model or 'GPU'} on {node.name}"
+            devices += [(label, memory)] * node.gpus.count
+    return devices
+
+
+def model_config_path(fleet: FleetSpec) -> Path | None:
+    """The model's config.json on the control node (relative paths are relative to the inventory)."""
+    config = fleet.model.config
+    if config is None and fleet.bundle_dir is not None:
+        config = fleet.bundle_dir / "models" / fleet.model.repo / "config.json"
+    if config is None:
+        return None
+    if not config.is_absolute():
+        base = fleet.inventory if fleet.inventory.is_dir() else fleet.inventory.parent
+        config = base / config
+    return config
+
+
+
+def plan_request(fleet: FleetSpec) -> tuple[PlanRequest | None, list[Problem]]:
+    """The planner's input for a fleet, or the problems that keep it from being planned."""
+    config_path = model_config_path(fleet)
+    if config_path is None:
+        return None, [Problem("group gpu_nodes", "gpufleet_model_config", "not set",
+                              "the path of the model's config.json on this machine",
+                              "set gpufleet_model_config (a copy of the model's config.json is enough)")]
+    try:
+        hf_config = load_model_config(config_path)
+    except PlannerInputError as error:
+        return None, [Problem("group gpu_nodes", "gpufleet_model_config", str(config_path), "a readable "
+                              "config.json", f"{error}; point gpufleet_model_config at the model's config.json")]
+    devices = node_gpu_memory(fleet)
+    if not devices:
+        return None, []
+    serving = fleet.serving
+    request = PlanRequest(
+        hf_config=hf_config,
+        gpus=tuple(GpuDevice(name=name, memory_gib=memory) for name, memory in devices),
+        **serving.model_dump(exclude={"served_model_name", "port"}),
+    )
+    return request, []
+
+
+def _check_plan(fleet: FleetSpec, result: Validation) -> None:
+    if model_config_path(fleet) is None:
+        result.warnings.append("gpufleet_model_config is not set: the model's memory was not planned "
+                               "(point it at a copy of the model's config.json)")
+        return
+    request, problems = plan_request(fleet)
+    result.problems += problems
+    if request is None:
+        return
+    outcome = plan(request)
+    for error in outcome.errors:
+        result.problems.append(Problem("group gpu_nodes", "vllm_service_* (planner)", error,
+                                       "a configuration vLLM accepts", "see `gpufleet plan -i INVENTORY`"))
+    result.warnings += outcome.warnings

@@ -1,0 +1,207 @@
+"""Read an Ansible inventory with ansible-core's own InventoryManager and VariableManager.
+
+Ansible's precedence rules decide every value (inventory files, group_vars, host_vars, children); this
+module only renders templates, turns Ansible's tagged values into plain Python, and reports problems it
+can see in the files themselves (duplicate keys, which Ansible merely warns about and then drops).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from gpufleet.problems import InventoryError, Problem
+
+if TYPE_CHECKING:
+    from gpufleet.config import FleetSpec
+    from gpufleet.planner import PlanRequest
+
+# Variables Ansible adds to every host; never the user's.
+MAGIC_VARIABLES = frozenset(
+    {
+        "group_names",
+        "groups",
+        "inventory_dir",
+        "inventory_file",
+        "inventory_hostname",
+        "inventory_hostname_short",
+        "playbook_dir",
+        "omit",
+        "hostvars",
+        "role_names",
+        "environment",
+    }
+)
+INVENTORY_SUFFIXES = (".yml", ".yaml", ".json", "")
+
+
+@dataclass(frozen=True)
+class RawHost:
+    """One host as Ansible resolved it: its groups and the variables the user set (templates rendered)."""
+
+    name: str
+    groups: frozenset[str]
+    variables: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class RawInventory:
+    path: Path
+    hosts: tuple[RawHost, ...]
+    problems: tuple[Problem, ...] = field(default=())
+
+    def members(self, group: str) -> list[RawHost]:
+        return [host for host in self.hosts if group in host.groups]
+
+
+def read_inventory(path: Path) -> RawInventory:
+    """Load an inventory file or directory; raises InventoryError when it cannot be read at all."""
+    if not path.exists():
+        raise InventoryError(
+            [Problem(str(path), "-i", "no such file or directory", "an inventory file or directory",
+                     "pass the path of your inventory, e.g. -i inventories/prod")]
+        )
+    duplicates = list(_duplicate_keys(path))
+    hosts, problems = _load_with_ansible(path)
+    return RawInventory(path=path, hosts=tuple(hosts), problems=tuple(duplicates + problems))
+
+
+def _load_with_ansible(path: Path) -> tuple[list[RawHost], list[Problem]]:
+    # Imported here: ansible's import reads its configuration, which only the commands that need it pay for.
+    import ansible.constants as ansible_constants  # noqa: PLC0415
+    from ansible.errors import AnsibleError  # noqa: PLC0415
+    from ansible.inventory.manager import InventoryManager  # noqa: PLC0415
+    from ansible.parsing.dataloader import DataLoader  # noqa: PLC0415
+    from ansible.vars.manager import VariableManager  # noqa: PLC0415
+
+    # An unparsable source is an error here, not Ansible's warning and an empty inventory; duplicate keys
+    # are reported by _duplicate_keys with their file and line instead of Ansible's warning.
+    ansible_constants.INVENTORY_ANY_UNPARSED_IS_FAILED = True
+    ansible_constants.DUPLICATE_YAML_DICT_KEY = "ignore"
+    loader = DataLoader()
+    try:
+        manager = InventoryManager(loader=loader, sources=[str(path)])
+        variables = VariableManager(loader=loader, inventory=manager)
+    except AnsibleError as error:
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise InventoryError(
+            [Problem(str(path), "-i", first_line, "an Ansible inventory (YAML or INI)",
+                     "fix the syntax; `ansible-inventory -i PATH --list` shows Ansible's own view")]
+        ) from None
+    hosts: list[RawHost] = []
+    problems: list[Problem] = []
+    for host in manager.get_hosts():
+        resolved = variables.get_vars(host=host, include_hostvars=False)
+        rendered, host_problems = _render(host.name, resolved, loader)
+        problems += host_problems
+        groups = frozenset(group.name for group in host.get_groups())
+        hosts.append(RawHost(host.name, groups, rendered))
+    return hosts, problems
+
+
+def _render(host: str, resolved: Mapping[str, Any], loader: Any) -> tuple[dict[str, Any], list[Problem]]:
+    from ansible.errors import AnsibleError  # noqa: PLC0415
+    from ansible.template import Templar  # noqa: PLC0415
+
+    templar = Templar(loader=loader, variables=dict(resolved))
+    rendered: dict[str, Any] = {}
+    problems: list[Problem] = []
+    for name, value in resolved.items():
+        if name in MAGIC_VARIABLES or name in {"ansible_facts", "ansible_version", "ansible_config_file"}:
+            continue
+        if name == "ansible_playbook_python":
+            continue
+        try:
+            rendered[name] = plain(templar.template(value))
+        except AnsibleError as error:
+            message = str(error).splitlines()[0]
+            problems.append(Problem(f"host {host}", name, repr(plain(value)), "a template that renders",
+                                    f"fix the template ({message})"))
+    return rendered, problems
+
+
+def plain(value: Any) -> Any:
+    """Ansible 2.19 tags values with their origin (str/int subclasses); strip to plain Python types."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, Iterable):
+        return [plain(v) for v in value]
+    return value
+
+
+class _DuplicateKeyLoader(yaml.SafeLoader):
+    """A YAML loader that records duplicate mapping keys instead of silently keeping the last one."""
+
+    duplicates: list[tuple[str, int]]
+
+
+def _construct_mapping(loader: _DuplicateKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+        if isinstance(key, str) and key in seen:
+            loader.duplicates.append((key, key_node.start_mark.line + 1))
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_DuplicateKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+# Ansible's YAML uses tags SafeLoader does not know (!vault, !unsafe); treat them as plain scalars here.
+_DuplicateKeyLoader.add_multi_constructor("!", lambda loader, suffix, node: None)
+
+
+def _inventory_files(path: Path) -> Iterator[Path]:
+    if path.is_file():
+        yield path
+        return
+    for candidate in sorted(path.rglob("*")):
+        if candidate.is_file() and candidate.suffix in (".yml", ".yaml"):
+            yield candidate
+
+
+def _duplicate_keys(path: Path) -> Iterator[Problem]:
+    for file in _inventory_files(path):
+        loader = _DuplicateKeyLoader(file.read_text(encoding="utf-8", errors="replace"))
+        loader.duplicates = []
+        try:
+            loader.get_single_data()
+        except yaml.YAMLError:
+            continue  # Ansible's parser reports syntax errors with its own context
+        finally:
+            loader.dispose()  # type: ignore[no-untyped-call]
+        for key, line in loader.duplicates:
+            yield Problem(f"{file}:{line}", key, "defined twice in one mapping", "each host or variable once",
+                          "remove or rename one of them (Ansible keeps only the last and says nothing more)")
+
+
+def load_fleet(path: Path) -> FleetSpec:
+    """Read and validate an inventory; raises InventoryError listing every problem."""
+    from gpufleet.fleet import validate_inventory  # noqa: PLC0415  (fleet builds on this module)
+
+    result = validate_inventory(path)
+    if result.problems or result.fleet is None:
+        raise InventoryError(result.problems)
+    return result.fleet
+
+
+def plan_request_for_inventory(path: Path) -> PlanRequest:
+    """The planner's input for an inventory's fleet and model; raises InventoryError."""
+    from gpufleet.fleet import plan_request  # noqa: PLC0415
+
+    fleet = load_fleet(path)
+    request, problems = plan_request(fleet)
+    if request is None:
+        raise InventoryError(problems)
+    return request
