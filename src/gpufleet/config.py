@@ -8,11 +8,10 @@ inventory variable it comes from (``VARIABLES``), so that messages name what the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from ipaddress import IPv4Address, IPv6Address
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, IPvAnyAddress, field_validator, model_validator
 
 # Linux interface names: at most 15 bytes (IFNAMSIZ - 1), no slash or whitespace.
 NIC_PATTERN = r"^[A-Za-z0-9_.:@-]{1,15}$"
@@ -41,7 +40,7 @@ class NodeSpec(_Frozen):
 
     name: str
     ansible_host: str
-    node_ip: IPv4Address | IPv6Address
+    node_ip: IPvAnyAddress
     nic: str = Field(pattern=NIC_PATTERN)
     gpu: bool = True
     gpus: GpuSpec

@@ -6,7 +6,7 @@ import difflib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -23,8 +23,10 @@ from gpufleet.config import (
 )
 from gpufleet.inventory import RawHost, RawInventory, read_inventory
 from gpufleet.paths import project_root
-from gpufleet.planner import GpuDevice, PlannerInputError, PlanRequest, load_model_config, plan
-from gpufleet.problems import InventoryError, Problem
+from gpufleet.problems import InventoryError, Problem, merged, without_echoes
+
+if TYPE_CHECKING:
+    from gpufleet.planner import PlanRequest
 
 GROUP_FIX = "put every GPU host under gpu_nodes, in ray_head (one host) or ray_workers"
 
@@ -70,6 +72,7 @@ def validate_inventory(path: Path) -> Validation:
         _check_parallelism(result.fleet, result)
     if result.fleet is not None and not result.problems:
         _check_plan(result.fleet, result)
+    result.problems = without_echoes(merged(result.problems))
     return result
 
 
@@ -104,18 +107,29 @@ def _known(roles: Mapping[str, str]) -> set[str]:
 
 def _unknown_variables(host: RawHost, roles: Mapping[str, str]) -> Iterator[Problem]:
     known = _known(roles)
-    prefixes = ("gpufleet_", *(f"{role}_" for role in set(roles.values())))
+    prefixes = ("gpufleet_", "vllm_service_", *(f"{role}_" for role in sorted(set(roles.values()))))
     for name in sorted(host.variables):
         if name in known or name.startswith("ansible_"):
             continue
         owned = name.startswith(prefixes)
         close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6 if owned else 0.85)
+        close = close or [known_name for known_name in sorted(known) if _unprefixed(known_name, prefixes) == name]
         if not owned and not close:
             continue  # the user's own variable, in no namespace of ours
         hint = f"did you mean {close[0]}? " if close else ""
         yield Problem(f"host {host.name}", name, "a variable gpufleet does not know",
                       "a variable listed in the README's inventory reference",
                       f"{hint}Rename or remove it (a misspelt setting would otherwise be ignored)")
+
+
+def _unprefixed(name: str, prefixes: tuple[str, ...]) -> str | None:
+    """``tensor_parallel_size`` for ``vllm_service_tensor_parallel_size``: a setting written without its
+    namespace. Only multi-word remainders count, so a user's own ``port`` or ``version`` is left alone."""
+    for prefix in prefixes:
+        rest = name.removeprefix(prefix)
+        if rest != name and "_" in rest:
+            return rest
+    return None
 
 
 def _fleet_wide_differences(nodes: list[RawHost], roles: Mapping[str, str]) -> Iterator[Problem]:
@@ -261,6 +275,8 @@ def model_config_path(fleet: FleetSpec) -> Path | None:
 
 def plan_request(fleet: FleetSpec) -> tuple[PlanRequest | None, list[Problem]]:
     """The planner's input for a fleet, or the problems that keep it from being planned."""
+    from gpufleet.planner import GpuDevice, PlannerInputError, PlanRequest, load_model_config  # noqa: PLC0415
+
     config_path = model_config_path(fleet)
     if config_path is None:
         return None, [Problem("group gpu_nodes", "gpufleet_model_config", "not set",
@@ -292,6 +308,8 @@ def _check_plan(fleet: FleetSpec, result: Validation) -> None:
     result.problems += problems
     if request is None:
         return
+    from gpufleet.planner import plan  # noqa: PLC0415
+
     outcome = plan(request)
     for error in outcome.errors:
         result.problems.append(Problem("group gpu_nodes", "vllm_service_* (planner)", error,

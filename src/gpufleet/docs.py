@@ -1,0 +1,113 @@
+"""Generate the README's reference sections (CLI and variables) from the code, so they stay true.
+
+``python -m gpufleet.docs`` rewrites README.md between the ``<!-- BEGIN x -->`` / ``<!-- END x -->``
+markers; a unit test fails when the README differs from what this would write.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpufleet.config import VARIABLES, ServingSpec
+from gpufleet.paths import project_root
+
+FLEET_VARIABLE_DOCS: dict[str, str] = {
+    "gpufleet_node_ip": "host: the node's cluster-network address (Ray, NCCL, Gloo, VLLM_HOST_IP). Required.",
+    "gpufleet_nic": "host: the interface carrying gpufleet_node_ip (NCCL/GLOO_SOCKET_IFNAME). Required.",
+    "gpufleet_gpu": "host: false on hosts without GPUs (the lab): GPU-only steps report and skip. Default true.",
+    "gpufleet_gpu_count": "host: GPUs the host is expected to have. Default 1.",
+    "gpufleet_gpu_model": "host: GPU model as nvidia-smi names it, e.g. `NVIDIA H800`.",
+    "gpufleet_gpu_memory_gib": "host: memory of one GPU in GiB as CUDA reports it (default: from the model).",
+    "gpufleet_model_repo": "ModelScope repository id, `<org>/<name>`. Required.",
+    "gpufleet_model_revision": "Pinned revision (branch, tag or commit). Default `master`.",
+    "gpufleet_model_dir": "Absolute path of the model on every node (the same on all). Required.",
+    "gpufleet_model_config": "Control-node path of the model's config.json, for the planner "
+    "(relative to the inventory). Default: from the bundle when there is one.",
+    "gpufleet_bundle_dir": "Control-node path of an offline bundle; set = never contact the internet.",
+    "gpufleet_api_key_file": "Control-node file holding the API key (generated, mode 0600).",
+    "gpufleet_lab": "Set by `gpufleet lab up` in lab inventories.",
+}
+
+
+def _serving_doc(field_name: str) -> str:
+    info = ServingSpec.model_fields[field_name]
+    default = "none" if info.default is None else f"`{info.default}`"
+    return f"vLLM `--{field_name.replace('_', '-')}`. Default {default}."
+
+
+def variables_section(root: Path) -> str:
+    lines = ["| variable | meaning |", "| --- | --- |"]
+    for name, variable in VARIABLES.items():
+        doc = _serving_doc(variable.field) if variable.section == "serving" else FLEET_VARIABLE_DOCS[name]
+        lines.append(f"| `{name}` | {doc} |")
+    lines += ["| `gpufleet_api_key_file` | " + FLEET_VARIABLE_DOCS["gpufleet_api_key_file"] + " |"]
+    for spec_file in sorted(root.glob("roles/*/meta/argument_specs.yml")):
+        role = spec_file.parent.parent.name
+        specs: dict[str, Any] = yaml.safe_load(spec_file.read_text(encoding="utf-8")) or {}
+        options: dict[str, Any] = (specs.get("argument_specs", {}).get("main") or {}).get("options") or {}
+        documented = [name for name in options if name not in VARIABLES]
+        if not documented:
+            continue
+        lines += ["", f"Role [`{role}`](roles/{role}/README.md):", "",
+                  "| variable | default | meaning |", "| --- | --- | --- |"]
+        for name in documented:
+            option = options[name] or {}
+            description = " ".join(_as_list(option.get("description", "")))
+            default = option.get("default", "required" if option.get("required") else "none")
+            lines.append(f"| `{name}` | `{default}` | {description.replace('|', '/')} |")
+    return "\n".join(lines)
+
+
+def _as_list(value: Any) -> list[str]:
+    return [str(item) for item in value] if isinstance(value, list) else [str(value)]
+
+
+def cli_section() -> str:
+    from gpufleet.cli import build_parser  # noqa: PLC0415  (cli imports every command module)
+
+    os.environ["COLUMNS"] = "100"  # argparse wraps help to the terminal: fix the width for a stable README
+    parser = build_parser()
+    blocks: list[str] = []
+    for action in parser._subparsers._group_actions if parser._subparsers else []:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for name, sub in action.choices.items():
+            blocks.append(f"### `gpufleet {name}`\n\n```\n{_help(sub)}```")
+    return "\n\n".join(blocks)
+
+
+def _help(parser: argparse.ArgumentParser) -> str:
+    text = parser.format_help()
+    for action in parser._subparsers._group_actions if parser._subparsers else []:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                text += "\n" + sub.format_help()
+    return text
+
+
+def render(readme: str, root: Path) -> str:
+    for marker, body in (("VARIABLES", variables_section(root)), ("CLI", cli_section())):
+        pattern = re.compile(rf"(<!-- BEGIN {marker} -->\n).*?(<!-- END {marker} -->)", re.S)
+        readme = pattern.sub(lambda m, b=body: f"{m.group(1)}{b}\n{m.group(2)}", readme)
+    return readme
+
+
+def main() -> int:
+    root = project_root()
+    if root is None:
+        print("gpufleet.docs: run from a gpufleet checkout (site.yml and roles/ not found)", file=sys.stderr)
+        return 2
+    readme = root / "README.md"
+    readme.write_text(render(readme.read_text(encoding="utf-8"), root), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Fixtures for unit tests: real inventory directories on disk, written from a small builder."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+PROD_INVENTORY = REPO / "inventories" / "prod"
+
+BASE_HOSTS: dict[str, Any] = {
+    "gpu_nodes": {
+        "children": {
+            "ray_head": {
+                "hosts": {
+                    "head": {
+                        "ansible_host": "192.0.2.10",
+                        "gpufleet_node_ip": "10.10.0.10",
+                        "gpufleet_nic": "eth0",
+                        "gpufleet_gpu_count": 1,
+                        "gpufleet_gpu_model": "NVIDIA H100 80GB HBM3",
+                    }
+                }
+            },
+            "ray_workers": {
+                "hosts": {
+                    "worker": {
+                        "ansible_host": "192.0.2.11",
+                        "gpufleet_node_ip": "10.10.0.11",
+                        "gpufleet_nic": "eth0",
+                        "gpufleet_gpu_count": 1,
+                        "gpufleet_gpu_model": "NVIDIA H100 80GB HBM3",
+                    }
+                }
+            },
+        }
+    }
+}
+BASE_GROUP_VARS: dict[str, Any] = {
+    "gpufleet_model_repo": "Qwen/Qwen2.5-1.5B-Instruct",
+    "gpufleet_model_dir": "/opt/models/Qwen2.5-1.5B-Instruct",
+    "gpufleet_model_config": "../config.json",
+    "vllm_service_tensor_parallel_size": 1,
+    "vllm_service_pipeline_parallel_size": 2,
+    "vllm_service_max_model_len": 4096,
+    "vllm_service_gpu_memory_utilization": 0.9,
+}
+
+InventoryFactory = Callable[..., Path]
+
+
+@pytest.fixture
+def make_inventory(tmp_path: Path) -> InventoryFactory:
+    """Write an inventory directory; ``hosts``/``group_vars`` edit copies of the valid base inventory."""
+
+    def factory(
+        edit_hosts: Callable[[dict[str, Any]], None] | None = None,
+        group_vars: dict[str, Any] | None = None,
+        hosts_text: str | None = None,
+    ) -> Path:
+        directory = tmp_path / "inventory"
+        directory.mkdir(exist_ok=True)
+        hosts = copy.deepcopy(BASE_HOSTS)
+        if edit_hosts is not None:
+            edit_hosts(hosts)
+        text = hosts_text if hosts_text is not None else yaml.safe_dump(hosts, sort_keys=False)
+        (directory / "hosts.yml").write_text(text, encoding="utf-8")
+        (directory / "group_vars").mkdir(exist_ok=True)
+        variables = {**BASE_GROUP_VARS, **(group_vars or {})}
+        variables = {key: value for key, value in variables.items() if value is not None}
+        (directory / "group_vars" / "gpu_nodes.yml").write_text(yaml.safe_dump(variables), encoding="utf-8")
+        shutil.copy(REPO / "models/Qwen2.5-1.5B-Instruct/config.json", tmp_path / "config.json")
+        return directory
+
+    return factory
+
+
+def head_vars(hosts: dict[str, Any]) -> dict[str, Any]:
+    head: dict[str, Any] = hosts["gpu_nodes"]["children"]["ray_head"]["hosts"]["head"]
+    return head
+
+
+def worker_vars(hosts: dict[str, Any]) -> dict[str, Any]:
+    worker: dict[str, Any] = hosts["gpu_nodes"]["children"]["ray_workers"]["hosts"]["worker"]
+    return worker
