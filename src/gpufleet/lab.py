@@ -1,0 +1,298 @@
+"""A local lab of real systemd hosts (systemd-nspawn + one network namespace each) for tests and Molecule.
+
+    lab = Lab("pytest", nodes=3)
+    inventory = lab.up()          # fresh hosts, SSH ready, Ansible inventory written
+    lab.ssh("node2", "systemctl is-system-running")
+    lab.reset()                   # fresh hosts again, in seconds
+    lab.down()                    # nothing left: no mounts, netns, veths, bridge, cgroups, rules, processes
+
+Several labs run side by side, each with its own name, /24 inside 10.231.0.0/16, bridge and hosts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from gpufleet import lab_host, lab_inventory, lab_net, lab_state
+from gpufleet.lab_inventory import DEFAULT_LAB, SSH_COMMON_ARGS, LabHost, LabInventory
+from gpufleet.lab_rootfs import DEFAULT_SUITE, RootFs, ensure_rootfs
+from gpufleet.lab_state import HostState, LabState
+from gpufleet.lab_sys import LabError, file_lock, missing_prerequisites, state_root
+
+__all__ = ["DEFAULT_LAB", "HostStatus", "Lab", "LabError", "LabHost", "LabInventory"]
+
+T = TypeVar("T")
+SSH_READY_TIMEOUT = 90.0
+INVENTORY_MARK = "# Written by `gpufleet lab up"
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    """One host as `gpufleet lab status` reports it."""
+
+    name: str
+    ip: str
+    processes: int  # processes in the host's cgroups; 0 = not running
+    ssh: bool  # SSH answered
+    systemd: str  # `systemctl is-system-running`, or "" when SSH did not answer
+
+
+def _parallel(func: Callable[[T], object], items: Iterable[T]) -> None:
+    """Run ``func`` on every item at once; re-raise the first failure after all have finished."""
+    items = list(items)
+    with ThreadPoolExecutor(max_workers=max(1, len(items))) as pool:
+        for future in [pool.submit(func, item) for item in items]:
+            future.result()
+
+
+class Lab:
+    """A named lab of ``nodes`` hosts: ``up()`` boots it; ``Lab(name)`` also reaches a running lab."""
+
+    def __init__(
+        self,
+        name: str = DEFAULT_LAB,
+        nodes: int = 3,
+        suite: str = DEFAULT_SUITE,
+        offline: bool = False,
+        inventory: Path | None = None,
+    ) -> None:
+        self.name = lab_state.check_name(name)
+        if not 1 <= nodes <= 200:
+            raise LabError(f"lab: --nodes: found {nodes}; expected 1 to 200.")
+        self.nodes = nodes
+        self.suite = suite
+        self.offline = offline
+        self.inventory_path = inventory
+
+    # ----- lifecycle -------------------------------------------------------------------------------------
+
+    def up(self) -> LabInventory:
+        """Boot fresh hosts (replacing any lab of this name, crashed or not) and write the inventory."""
+        problems = missing_prerequisites()
+        if problems:
+            raise LabError("\n".join(problems))
+        rootfs = ensure_rootfs(self.suite)
+        with self._lock():
+            old = lab_state.load(self.name)
+            if old is not None:
+                _teardown(old)
+            state = self._allocate(rootfs)
+            _parallel(lambda host: _start_host(state, host), state.hosts)
+            _wait_for_ssh(state)
+            inventory = _inventory(state)
+            lab_inventory.write(inventory)
+            return inventory
+
+    def down(self) -> None:
+        """Tear the lab down completely; a lab that is not there is not an error."""
+        with self._lock():
+            state = lab_state.load(self.name)
+            if state is not None:
+                _teardown(state)
+
+    def reset(self) -> LabInventory:
+        """Fresh hosts on the same network and inventory: kill, new overlay upper dirs, boot, SSH ready."""
+        with self._lock():
+            state = lab_state.load(self.name)
+            if state is None:
+                raise LabError(f"lab {self.name}: not running. Fix: gpufleet lab up --name {self.name}")
+            trash = lab_state.lab_dir(self.name) / f"trash-{time.monotonic_ns()}"
+            _parallel(lambda host: _stop_host(state, host, trash), state.hosts)
+            cleaner = threading.Thread(target=shutil.rmtree, args=(trash,), kwargs={"ignore_errors": True})
+            cleaner.start()
+            _parallel(lambda host: _start_host(state, host), state.hosts)
+            _wait_for_ssh(state)
+            cleaner.join()
+            return _inventory(state)
+
+    # ----- inspection and access -------------------------------------------------------------------------
+
+    def state(self) -> LabState:
+        state = lab_state.load(self.name)
+        if state is None:
+            raise LabError(f"lab {self.name}: not running. Fix: gpufleet lab up --name {self.name}")
+        return state
+
+    def inventory(self) -> LabInventory:
+        """The running lab's inventory (hosts, key, inventory path)."""
+        return _inventory(self.state())
+
+    def status(self) -> list[HostStatus]:
+        state = self.state()
+        result: list[HostStatus] = []
+
+        def probe(host: HostState) -> None:
+            procs = len(lab_host.processes(host.spec()))
+            answer = self.ssh(host.hostname, "systemctl is-system-running", timeout=10) if procs else None
+            ok = answer is not None and answer.returncode in (0, 1) and bool(answer.stdout.strip())
+            systemd = answer.stdout.strip() if answer is not None and ok else ""
+            result.append(HostStatus(host.hostname, host.ip, procs, ok, systemd))
+
+        _parallel(probe, state.hosts)
+        return sorted(result, key=lambda status: state.hosts.index(_host(state, status.name)))
+
+    def ssh_argv(self, host: str) -> list[str]:
+        """ssh command line (without the remote command) reaching ``host`` (name, number or IP) as root."""
+        state = self.state()
+        target = _host(state, host)
+        return ["ssh", "-i", str(state.key), *shlex.split(SSH_COMMON_ARGS), "-o", "BatchMode=yes",
+                "-o", "ConnectTimeout=5", f"root@{target.ip}"]  # fmt: skip
+
+    def ssh(
+        self,
+        host: str,
+        command: str | Sequence[str],
+        *,
+        timeout: float = 120,
+        check: bool = False,
+        stdin: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``command`` on ``host`` as root (a list is shell-quoted); output is captured as text."""
+        remote = command if isinstance(command, str) else shlex.join(command)
+        return subprocess.run(
+            [*self.ssh_argv(host), remote],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=check,
+        )
+
+    # ----- internals -------------------------------------------------------------------------------------
+
+    def _lock(self) -> AbstractContextManager[None]:
+        return file_lock(state_root() / f".{self.name}.lock")
+
+    def _allocate(self, rootfs: RootFs) -> LabState:
+        """Pick a free /24 and create the bridge under the machine-wide network lock; save state first."""
+        with file_lock(state_root() / ".network.lock"):
+            index = lab_net.free_index(lab_state.taken_indexes())
+            workdir = lab_state.lab_dir(self.name) / "hosts"
+            hosts = [
+                HostState(
+                    hostname=f"node{i}",
+                    ip=lab_net.host_ip(index, i),
+                    machine=f"gfl{index}-node{i}",
+                    netns=f"gfl-{self.name}-node{i}",
+                    workdir=workdir / f"node{i}",
+                    cgroups=lab_host.cgroup_dirs(self.name, f"node{i}"),
+                )
+                for i in range(1, self.nodes + 1)
+            ]
+            fallback = lab_state.lab_dir(self.name) / "inventory.yml"
+            inventory = self.inventory_path or lab_inventory.default_inventory_path(self.name, fallback)
+            state = LabState(
+                name=self.name, index=index, offline=self.offline, suite=self.suite,
+                lowerdir=rootfs.lowerdir, key=rootfs.key, inventory=inventory.absolute(), hosts=hosts,
+            )  # fmt: skip
+            lab_state.save(state)  # before any resource exists, so a crash here is cleaned by the next up
+            lab_net.create_bridge(self.name, index, offline=self.offline)
+            return state
+
+
+def _host(state: LabState, wanted: str) -> HostState:
+    for i, host in enumerate(state.hosts, start=1):
+        if wanted in (host.hostname, host.ip, str(i)):
+            return host
+    names = ", ".join(host.hostname for host in state.hosts)
+    raise LabError(
+        f"lab {state.name}: host: found {wanted!r}; expected one of {names} (or its number or IP)."
+    )
+
+
+def _inventory(state: LabState) -> LabInventory:
+    return LabInventory(
+        name=state.name,
+        hosts=tuple(LabHost(host.hostname, host.ip) for host in state.hosts),
+        key=state.key,
+        inventory=state.inventory,
+        bridge_ip=lab_net.bridge_ip(state.index),
+        subnet=str(lab_net.subnet(state.index)),
+        offline=state.offline,
+    )
+
+
+def _start_host(state: LabState, host: HostState) -> None:
+    spec = host.spec()
+    index = state.hosts.index(host) + 1
+    lab_host.mount_root(spec, state.lowerdir)
+    peers = [(peer.hostname, peer.ip) for peer in state.hosts]
+    lab_host.write_identity(spec, peers, offline=state.offline)
+    lab_net.add_host_link(state.index, index, spec.netns, offline=state.offline)
+    lab_host.make_cgroups(spec)
+    lab_host.boot(spec)
+
+
+def _stop_host(state: LabState, host: HostState, trash: Path | None) -> None:
+    """Kill and dismantle one host; its work dir goes to ``trash`` (deleted later) or is deleted now."""
+    spec = host.spec()
+    lab_host.teardown(spec)
+    lab_net.delete_host_link(state.index, state.hosts.index(host) + 1, spec.netns)
+    if trash is None:
+        shutil.rmtree(spec.workdir, ignore_errors=True)
+    elif spec.workdir.exists():
+        trash.mkdir(parents=True, exist_ok=True)
+        spec.workdir.rename(trash / spec.hostname)
+
+
+def _teardown(state: LabState) -> None:
+    _parallel(lambda host: _stop_host(state, host, None), state.hosts)
+    with file_lock(state_root() / ".network.lock"):
+        lab_net.delete_bridge(state.name, state.index)
+    for host in state.hosts:
+        for directory in host.cgroups:
+            # .../gpufleet-lab/<lab>, then .../gpufleet-lab unless another lab still uses it
+            for parent in (Path(directory).parent, Path(directory).parent.parent):
+                _rmdir_quietly(parent)
+    if state.inventory.is_file() and state.inventory.read_text().startswith(INVENTORY_MARK):
+        state.inventory.unlink()
+    shutil.rmtree(lab_state.lab_dir(state.name), ignore_errors=True)
+
+
+def _rmdir_quietly(path: Path) -> None:
+    with contextlib.suppress(OSError):  # not empty (another lab) or already gone
+        path.rmdir()
+
+
+def _wait_for_ssh(state: LabState) -> None:
+    deadline = time.monotonic() + SSH_READY_TIMEOUT
+
+    def wait(host: HostState) -> None:
+        while time.monotonic() < deadline:
+            if _port_open(host.ip, 22) and _ssh_true(state, host):
+                return
+            time.sleep(0.05)
+        log = (host.workdir / "console.log").read_text(errors="replace")[-2000:]
+        raise LabError(
+            f"lab {state.name}: {host.hostname} ({host.ip}): "
+            f"SSH did not answer within {SSH_READY_TIMEOUT:.0f} s. "
+            f"Console log ({host.workdir / 'console.log'}) ends with:\n{log}"
+        )
+
+    _parallel(wait, state.hosts)
+
+
+def _port_open(ip: str, port: int) -> bool:
+    try:
+        with socket.create_connection((ip, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _ssh_true(state: LabState, host: HostState) -> bool:
+    argv = ["ssh", "-i", str(state.key), *shlex.split(SSH_COMMON_ARGS), "-o", "BatchMode=yes",
+            "-o", "ConnectTimeout=2", f"root@{host.ip}", "true"]  # fmt: skip
+    return subprocess.run(argv, capture_output=True, timeout=10, check=False).returncode == 0

@@ -1,0 +1,93 @@
+"""The Ansible inventory a lab writes: groups gpu_nodes > ray_head (first host) + ray_workers (the rest)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SSH_COMMON_ARGS = "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
+DEFAULT_LAB = "gpufleet"
+
+
+@dataclass(frozen=True)
+class LabHost:
+    """A lab host as Ansible and tests reach it."""
+
+    name: str
+    ip: str
+
+
+@dataclass(frozen=True)
+class LabInventory:
+    """What `Lab.up()` returns: enough to reach every host, from Python or from Ansible."""
+
+    name: str
+    hosts: tuple[LabHost, ...]
+    key: Path  # SSH private key for root on every host
+    inventory: Path  # the Ansible inventory file written for this lab
+    bridge_ip: str  # the control node's address on the lab network
+    subnet: str
+    offline: bool
+    ssh_options: tuple[str, ...] = field(default=())
+
+    @property
+    def ips(self) -> dict[str, str]:
+        return {host.name: host.ip for host in self.hosts}
+
+
+def default_inventory_path(name: str, fallback: Path) -> Path:
+    """The default lab goes to <repo>/inventories/lab/hosts.yml; other labs next to their state."""
+    if name == DEFAULT_LAB:
+        for directory in (Path.cwd(), *Path.cwd().parents):
+            if (directory / "inventories" / "lab").is_dir() and (directory / "ansible.cfg").is_file():
+                return directory / "inventories" / "lab" / "hosts.yml"
+    return fallback
+
+
+def render(lab: LabInventory) -> str:
+    """yamllint-clean inventory text for ``lab``."""
+
+    def host_vars(host: LabHost) -> dict[str, Any]:
+        return {
+            "ansible_host": host.ip,
+            "ansible_user": "root",
+            "ansible_ssh_private_key_file": str(lab.key),
+            "ansible_ssh_common_args": SSH_COMMON_ARGS,
+            "ansible_python_interpreter": "/usr/bin/python3",
+            "gpufleet_node_ip": host.ip,
+            "gpufleet_nic": "eth0",
+            "gpufleet_gpu": False,
+            "gpufleet_gpu_count": 0,
+        }
+
+    head, workers = lab.hosts[0], lab.hosts[1:]
+    tree = {
+        "all": {
+            "children": {
+                "gpu_nodes": {
+                    "children": {
+                        "ray_head": {"hosts": {head.name: host_vars(head)}},
+                        "ray_workers": {"hosts": {host.name: host_vars(host) for host in workers}},
+                    }
+                }
+            }
+        }
+    }
+    header = (
+        f"# Written by `gpufleet lab up --name {lab.name}`; "
+        f"removed by `gpufleet lab down --name {lab.name}`.\n"
+        f"# Lab network {lab.subnet}; the control node is {lab.bridge_ip}. Do not edit: `up` rewrites it.\n"
+    )
+    return header + yaml.safe_dump(
+        tree, explicit_start=True, default_flow_style=False, sort_keys=False, width=1000
+    )
+
+
+def write(lab: LabInventory) -> None:
+    lab.inventory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = lab.inventory.with_name(lab.inventory.name + ".tmp")
+    tmp.write_text(render(lab))
+    tmp.replace(lab.inventory)
