@@ -1,0 +1,114 @@
+"""``gpufleet deploy -i INVENTORY``: run the stages, show them live, end with the report.
+
+Also the shared driver of ``status`` and ``teardown``: progress on stderr, the report on stdout (one JSON
+object with ``--json``), exit 0 when the run succeeded, 1 when a stage failed or the inventory has
+problems, 2 for arguments that cannot work (a missing inventory or bundle, an unknown stage), 130 when
+interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from rich.console import Console
+
+from gpufleet.problems import InventoryError
+from gpufleet.progress import LiveProgress, print_deploy_report
+from gpufleet.report import DeployReport, StatusReport
+from gpufleet.runner import STAGES, DeployError, ProgressSink, deploy
+from gpufleet.vllm_log import PlanFigures
+
+Report = TypeVar("Report", DeployReport, StatusReport)
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "deploy",
+        help="run the stages on the inventory's hosts and report what vLLM serves",
+        description="Validate the inventory, then run the stages in order ("
+        + " → ".join(STAGES)
+        + "); a failing stage stops the run. Exit 0 deployed, 1 a stage failed, 2 usage error.",
+    )
+    parser.add_argument("-i", "--inventory", type=Path, required=True, help="inventory file or directory")
+    parser.add_argument(
+        "--bundle", type=Path, metavar="DIR", help="offline bundle: take every artifact from it"
+    )
+    parser.add_argument("--stages", metavar="A,B", help="comma-separated subset of the stages (run in order)")
+    parser.add_argument("--check", action="store_true", help="Ansible check mode: report, change nothing")
+    parser.add_argument("--limit", metavar="PATTERN", help="only these hosts (Ansible --limit)")
+    parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    stages = args.stages.split(",") if args.stages is not None else None
+
+    def call(progress: ProgressSink | None) -> DeployReport:
+        plan = None if args.check or (stages and "serve" not in stages) else planned(args.inventory)
+        return deploy(
+            args.inventory,
+            bundle=args.bundle,
+            stages=stages,
+            check=args.check,
+            limit=args.limit,
+            progress=progress,
+            plan=plan,
+        )
+
+    return run_reporting(call, print_deploy_report, as_json=args.json)
+
+
+def run_reporting(
+    call: Callable[[ProgressSink | None], Report], show: Callable[[Console, Report], None], *, as_json: bool
+) -> int:
+    """Run ``call`` with a live display (on stderr; with ``--json`` only on a terminal), then report."""
+    errors = Console(stderr=True)
+    try:
+        if as_json and not errors.is_terminal:
+            report = call(None)
+        else:
+            with LiveProgress(errors) as live:
+                report = call(live)
+    except DeployError as error:
+        return _refuse(str(error), as_json, code=2)
+    except InventoryError as error:
+        return _refuse(str(error), as_json, code=1, suffix="nothing was changed on any host.")
+    if as_json:
+        print(report.model_dump_json(indent=2))
+    else:
+        show(Console(), report)
+    return exit_code(report)
+
+
+def exit_code(report: DeployReport | StatusReport) -> int:
+    if report.ok:
+        return 0
+    stages = report.stages if isinstance(report, DeployReport) else (report.stage,)
+    return 130 if any(stage.status == "canceled" for stage in stages) else 1
+
+
+def planned(inventory: Path) -> PlanFigures | None:
+    """The planner's prediction for the inventory, to compare with what vLLM measured; None if unplannable."""
+    try:
+        from gpufleet.inventory import plan_request_for_inventory  # noqa: PLC0415  (imports ansible)
+        from gpufleet.planner import plan  # noqa: PLC0415
+
+        return plan(plan_request_for_inventory(inventory))
+    except (ImportError, InventoryError, ValueError):
+        return None
+
+
+def _refuse(message: str, as_json: bool, *, code: int, suffix: str = "") -> int:
+    lines = message.splitlines() or [message]
+    if as_json:
+        print(json.dumps({"ok": False, "problems": lines}, indent=2))
+    for line in lines:
+        print(line, file=sys.stderr)
+    if suffix:
+        print(suffix, file=sys.stderr)
+    return code

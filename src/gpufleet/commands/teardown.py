@@ -1,0 +1,31 @@
+"""``gpufleet teardown -i INVENTORY``: stop vLLM and Ray; images, models and packages stay."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from gpufleet.commands.deploy import run_reporting
+from gpufleet.progress import print_deploy_report
+from gpufleet.report import DeployReport
+from gpufleet.runner import ProgressSink, teardown
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "teardown",
+        help="stop the vLLM service and the Ray cluster (artifacts stay for the next deploy)",
+        description="Runs playbooks/teardown.yml. Exit 0 stopped, 1 a host failed, 2 usage error.",
+    )
+    parser.add_argument("-i", "--inventory", type=Path, required=True, help="inventory file or directory")
+    parser.add_argument("--limit", metavar="PATTERN", help="only these hosts (Ansible --limit)")
+    parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    def call(progress: ProgressSink | None) -> DeployReport:
+        return teardown(args.inventory, limit=args.limit, progress=progress)
+
+    return run_reporting(call, print_deploy_report, as_json=args.json)

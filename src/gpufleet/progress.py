@@ -1,0 +1,183 @@
+"""What a person sees: a live table while stages run, and the report at the end (rich).
+
+Everything shown comes from the recorded results (task names, counts, failure messages); a ``no_log``
+task's result reaches this module only as ansible-runner's "output has been hidden" notice.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from types import TracebackType
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from gpufleet.report import DeployReport, Failure, StageResult, StatusReport
+from gpufleet.vllm_log import VllmFacts
+
+_STYLE = {"ok": "green", "failed": "bold red", "canceled": "yellow", "timeout": "yellow", "running": "cyan"}
+_FACTS = (
+    ("weights_gib", "weights per GPU", "{:.2f} GiB"),
+    ("kv_cache_gib", "KV-cache memory per GPU", "{:.2f} GiB"),
+    ("kv_cache_tokens", "KV-cache tokens", "{:,}"),
+    ("max_concurrency", "maximum concurrency", "{:.2f}x"),
+    ("load_seconds", "model load", "{:.1f} s"),
+    ("ready_seconds", "start to ready", "{:.1f} s"),
+)
+
+
+@dataclass
+class _Row:
+    stage: str
+    host: str
+    task: str = ""
+    started: float = field(default_factory=time.monotonic)
+    ended: float | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+    state: str = "running"
+
+
+class LiveProgress:
+    """A ProgressSink that draws one row per stage and host, and prints failures as they happen."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self._rows: dict[tuple[str, str], _Row] = {}
+        self._lock = threading.Lock()
+        self._live = Live(console=self.console, get_renderable=self._render, refresh_per_second=4)
+
+    def __enter__(self) -> LiveProgress:
+        self._live.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self._live.stop()
+
+    def stage_started(self, stage: str) -> None:
+        with self._lock:
+            self._rows[(stage, "")] = _Row(stage, "", task="starting")
+
+    def task_started(self, stage: str, host: str, task: str) -> None:
+        with self._lock:
+            self._rows.pop((stage, ""), None)
+            self._rows.setdefault((stage, host), _Row(stage, host)).task = task
+
+    def task_done(self, stage: str, host: str, outcome: str) -> None:
+        with self._lock:
+            row = self._rows.setdefault((stage, host), _Row(stage, host))
+            row.counts[outcome] = row.counts.get(outcome, 0) + 1
+
+    def failed(self, failure: Failure) -> None:
+        line = Text.assemble(
+            ("FAILED ", "bold red"), f"{failure.stage} · {failure.host} · {failure.task}: ", failure.message
+        )
+        self._live.console.print(line)
+
+    def stage_finished(self, result: StageResult) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._rows.pop((result.name, ""), None)
+            for host in result.hosts:
+                row = self._rows.setdefault((result.name, host.host), _Row(result.name, host.host))
+                row.counts = {
+                    "ok": host.ok,
+                    "changed": host.changed,
+                    "failed": host.failed + host.unreachable,
+                    "skipped": host.skipped,
+                }
+                row.state, row.ended, row.task = (
+                    ("failed" if host.failed or host.unreachable else "ok"),
+                    now,
+                    "",
+                )
+            if not result.hosts:
+                self._rows[(result.name, "")] = _Row(
+                    result.name, "", ended=now, state=result.status, task=result.error or "no host matched"
+                )
+
+    def _render(self) -> RenderableType:
+        table = Table(box=None, pad_edge=False, header_style="bold")
+        for column in ("stage", "host", "task", "elapsed", "ok", "changed", "failed", "skipped", "state"):
+            table.add_column(column, justify="right" if column in ("elapsed", "ok", "changed") else "left")
+        now = time.monotonic()
+        with self._lock:
+            for row in self._rows.values():
+                table.add_row(
+                    row.stage,
+                    row.host,
+                    Text(row.task, overflow="ellipsis", no_wrap=True),
+                    f"{(row.ended or now) - row.started:.0f}s",
+                    *(str(row.counts.get(k, 0)) for k in ("ok", "changed", "failed", "skipped")),
+                    Text(row.state, style=_STYLE.get(row.state, "")),
+                )
+        return table
+
+
+def print_deploy_report(console: Console, report: DeployReport) -> None:
+    """The end-of-run summary: stages, failures, the endpoint, vLLM's facts, warnings against the plan."""
+    table = Table(title="gpufleet " + ("check" if report.check_mode else "run"), header_style="bold")
+    for column in ("stage", "status", "time", "hosts", "ok", "changed", "failed", "unreachable"):
+        table.add_column(column, justify="left" if column in ("stage", "status") else "right")
+    for stage in report.stages:
+        table.add_row(
+            stage.name,
+            Text(stage.status, style=_STYLE.get(stage.status, "")),
+            f"{stage.seconds:.0f}s",
+            str(len(stage.hosts)),
+            *(
+                str(sum(getattr(h, key) for h in stage.hosts))
+                for key in ("ok", "changed", "failed", "unreachable")
+            ),
+        )
+    console.print(table)
+    console.print(_details(report.stages, report.endpoint, report.served_model, report.vllm))
+    for warning in report.warnings:
+        console.print(Text("warning: " + warning, style="yellow"))
+    console.print(
+        Text(
+            "deployed" if report.ok else f"failed in stage {report.failed_stage}",
+            style="bold green" if report.ok else "bold red",
+        )
+    )
+
+
+def print_status_report(console: Console, report: StatusReport) -> None:
+    ray = "unknown" if report.ray_nodes_alive is None else f"{report.ray_nodes_alive}"
+    if report.ray_nodes_expected is not None:
+        ray += f" of {report.ray_nodes_expected}"
+    console.print(f"Ray nodes alive: {ray}" + (f", {report.ray_gpus:g} GPUs" if report.ray_gpus else ""))
+    console.print(f"vLLM ready: {'yes' if report.vllm_ready else 'no'}")
+    console.print(_details((report.stage,), report.endpoint, report.served_model, report.vllm))
+    console.print(
+        Text("healthy" if report.ok else "not healthy", style="bold green" if report.ok else "bold red")
+    )
+
+
+def _details(
+    stages: tuple[StageResult, ...], endpoint: str | None, model: str | None, vllm: VllmFacts | None
+) -> RenderableType:
+    lines: list[RenderableType] = []
+    for stage in stages:
+        if stage.error:
+            lines.append(Text(f"{stage.name}: {stage.error}", style="red"))
+        for failure in stage.failures:
+            what = "unreachable" if failure.unreachable else "failed"
+            lines.append(
+                Text(
+                    f"{failure.stage} · {failure.host} · {failure.task} {what}: {failure.message}",
+                    style="red",
+                )
+            )
+    if endpoint:
+        lines.append(Text(f"endpoint: {endpoint}" + (f" (model {model})" if model else ""), style="bold"))
+    if vllm is not None:
+        for name, label, shape in _FACTS:
+            if (value := getattr(vllm, name)) is not None:
+                lines.append(Text(f"vLLM {label}: " + shape.format(value)))
+    return Group(*lines)

@@ -1,0 +1,85 @@
+"""What a deploy, status or teardown run reports: frozen models, serialisable as one JSON object."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from gpufleet.vllm_log import VllmFacts
+
+StageStatus = Literal["ok", "failed", "canceled", "timeout"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class HostResult(_Frozen):
+    """One host in one stage: Ansible's recap counts, and the time from its first to its last task."""
+
+    host: str
+    ok: int = 0
+    changed: int = 0
+    failed: int = 0
+    unreachable: int = 0
+    skipped: int = 0
+    rescued: int = 0
+    ignored: int = 0
+    seconds: float = 0.0
+
+
+class Failure(_Frozen):
+    """A task that failed on a host (or a host that could not be reached).
+
+    ``message`` is the ``msg`` and ``stderr`` of the failed result as ansible-runner reported it; for a
+    ``no_log`` task ansible-runner has already replaced the whole result with its "output has been hidden"
+    notice, so no value of such a task can reach the report.
+    """
+
+    stage: str
+    host: str
+    task: str
+    message: str
+    unreachable: bool = False
+
+
+class StageResult(_Frozen):
+    name: str
+    status: StageStatus
+    seconds: float
+    hosts: tuple[HostResult, ...] = ()
+    failures: tuple[Failure, ...] = ()
+    error: str | None = None  # what ansible-playbook said when it failed before any task (syntax, inventory)
+
+
+class DeployReport(_Frozen):
+    """The outcome of running stages (deploy, teardown): every stage run, in order, and what they set up."""
+
+    ok: bool
+    check_mode: bool = False
+    seconds: float = 0.0
+    stages: tuple[StageResult, ...] = ()
+    failed_stage: str | None = None
+    endpoint: str | None = None
+    served_model: str | None = None
+    vllm: VllmFacts | None = None
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def failures(self) -> tuple[Failure, ...]:
+        return tuple(failure for stage in self.stages for failure in stage.failures)
+
+
+class StatusReport(_Frozen):
+    """The running service as the status playbook found it."""
+
+    ok: bool
+    ray_nodes_alive: int | None = None
+    ray_nodes_expected: int | None = None
+    ray_gpus: float | None = None
+    vllm_ready: bool = False
+    endpoint: str | None = None
+    served_model: str | None = None
+    vllm: VllmFacts | None = None
+    stage: StageResult

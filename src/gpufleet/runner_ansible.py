@@ -1,0 +1,181 @@
+"""The one place gpufleet talks to ansible-runner: arguments, environment, signals, one run per stage.
+
+Every ansible-runner argument is built by :func:`runner_arguments`; the ``Runner`` object stays inside
+:func:`_run_playbook`. ansible-runner starts ansible-playbook with the caller's whole environment plus its
+own variables; :func:`restrict_env` cuts that down to what ansible-runner sets itself, what gpufleet sets
+(:func:`runner_env`) and the allow-listed variables of :data:`PASSED_ENV`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpufleet.report import StageResult, StageStatus
+from gpufleet.runner_events import ProgressSink, StageRecorder
+
+# Taken from the caller's environment when set: locale, identity, the SSH agent, proxies for online mode.
+PASSED_ENV = (
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "LANGUAGE",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TZ",
+    "TMPDIR",
+    "SSH_AUTH_SOCK",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+)
+# Set by ansible-runner itself; kept even when the caller's environment had them too.
+_RUNNER_ENV = frozenset(
+    {
+        "ANSIBLE_STDOUT_CALLBACK",
+        "ANSIBLE_CALLBACK_PLUGINS",
+        "ORIGINAL_STDOUT_CALLBACK",
+        "AWX_ISOLATED_DATA_DIR",
+        "ANSIBLE_CACHE_PLUGIN",
+        "ANSIBLE_CACHE_PLUGIN_CONNECTION",
+        "ANSIBLE_RETRY_FILES_ENABLED",
+        "RUNNER_OMIT_EVENTS",
+        "RUNNER_ONLY_FAILED_EVENTS",
+    }
+)
+_STATUS: dict[str, StageStatus] = {"successful": "ok", "canceled": "canceled", "timeout": "timeout"}
+Facts = dict[str, tuple[str, Any]]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything one playbook run needs, checked."""
+
+    project: Path
+    playbook: Path
+    inventory: Path
+    extravars: Mapping[str, Any]
+    check: bool = False
+    limit: str | None = None
+    timeout: int | None = None
+    env_passthrough: tuple[str, ...] = ()
+
+
+def run_stages(
+    specs: Sequence[RunSpec],
+    names: Sequence[str],
+    progress: ProgressSink | None,
+    cancel: Callable[[], bool] | None,
+) -> tuple[list[StageResult], Facts]:
+    results: list[StageResult] = []
+    facts: Facts = {}
+    with _interruptible(cancel) as cancelled:
+        for spec, name in zip(specs, names, strict=True):
+            if progress:
+                progress.stage_started(name)
+            result, published = _run_playbook(spec, name, progress, cancelled)
+            facts.update(published)
+            results.append(result)
+            if progress:
+                progress.stage_finished(result)
+            if result.status != "ok":
+                break
+    return results, facts
+
+
+def _run_playbook(
+    spec: RunSpec, stage: str, progress: ProgressSink | None, cancelled: Callable[[], bool]
+) -> tuple[StageResult, Facts]:
+    recorder = StageRecorder(stage, progress)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="gpufleet-runner-") as private:
+        import ansible_runner  # noqa: PLC0415  (heavy; only when a playbook runs)
+
+        arguments = runner_arguments(spec, Path(private), recorder, cancelled)
+        runner = ansible_runner.interface.init_runner(**arguments)
+        runner.config.env = restrict_env(runner.config.env, os.environ, set(arguments["envvars"]))
+        runner.run()
+        outcome = _STATUS.get(str(runner.status), "failed")
+    return recorder.result(outcome, time.monotonic() - started), recorder.facts
+
+
+def runner_arguments(
+    spec: RunSpec,
+    private_dir: Path,
+    event_handler: Callable[[Mapping[str, Any]], bool],
+    cancel_callback: Callable[[], bool],
+) -> dict[str, Any]:
+    """Every argument gpufleet gives ansible-runner, in one place."""
+    return {
+        "private_data_dir": str(private_dir),
+        "project_dir": str(spec.project),
+        "playbook": str(spec.playbook),
+        "inventory": str(spec.inventory),
+        "extravars": dict(spec.extravars),
+        "limit": spec.limit,
+        "cmdline": "--check" if spec.check else None,
+        "envvars": runner_env(spec, os.environ),
+        "json_mode": True,
+        "quiet": True,
+        "timeout": spec.timeout,
+        "event_handler": event_handler,
+        "cancel_callback": cancel_callback,
+        "settings": {"suppress_ansible_output": True, "suppress_output_file": True},
+    }
+
+
+def runner_env(spec: RunSpec, environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment gpufleet sets for ansible-playbook, plus the allow-listed part of ``environ``."""
+    python_bin = str(Path(sys.executable).parent)  # the venv's bin: ansible-playbook and gpufleet's Python
+    env = {name: environ[name] for name in (*PASSED_ENV, *spec.env_passthrough) if name in environ}
+    env.update(
+        {
+            "PATH": os.pathsep.join([python_bin, environ.get("PATH", os.defpath)]),
+            "ANSIBLE_NOCOLOR": "1",
+            "ANSIBLE_CALLBACK_PLUGINS": "",
+            "ANSIBLE_STDOUT_CALLBACK": "default",
+        }
+    )
+    if (spec.project / "ansible.cfg").is_file():
+        env["ANSIBLE_CONFIG"] = str(spec.project / "ansible.cfg")
+    return env
+
+
+def restrict_env(prepared: Mapping[str, str], inherited: Mapping[str, str], ours: set[str]) -> dict[str, str]:
+    """ansible-runner's final environment without what it copied from ours and gpufleet did not pass."""
+    keep = ours | _RUNNER_ENV
+    return {name: value for name, value in prepared.items() if name in keep or name not in inherited}
+
+
+@contextmanager
+def _interruptible(cancel: Callable[[], bool] | None) -> Iterator[Callable[[], bool]]:
+    """While stages run, SIGINT and SIGTERM cancel the playbook (ansible-runner stops it cleanly)."""
+    received = threading.Event()
+
+    def cancelled() -> bool:
+        return received.is_set() or (cancel is not None and cancel())
+
+    if threading.current_thread() is not threading.main_thread():
+        yield cancelled
+        return
+    previous = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    for number in previous:
+        signal.signal(number, lambda *_: received.set())
+    try:
+        yield cancelled
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
