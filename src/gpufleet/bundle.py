@@ -1,0 +1,331 @@
+"""Offline bundles: ``build`` fetches what a manifest pins and writes bundle.lock.yml; ``verify`` checks.
+
+Each artifact becomes one or more files at the path docs/conventions.md fixes. An artifact whose files are
+already in the previous lock with the same version and source, and still match it, is not fetched again.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+
+from gpufleet.bundle_debian import describe, fetch_debian_docker, fetch_debian_repo
+from gpufleet.bundle_fetch import BuildContext, BuildError, copy_file, download, run
+from gpufleet.bundle_images import image_id, save_image
+from gpufleet.bundle_lock import (
+    Lock,
+    LockedFile,
+    LockedImage,
+    LockedModel,
+    LockError,
+    bundle_files,
+    entries_intact,
+    lock_entry,
+    read_lock,
+    verify_bundle,
+    write_lock,
+)
+from gpufleet.bundle_manifest import (
+    DebianDockerSource,
+    DebianRepoSource,
+    DockerArchiveSource,
+    DockerDaemonSource,
+    FileSource,
+    HttpSource,
+    ImageArtifact,
+    Manifest,
+    ManifestError,
+    ModelArtifact,
+    PipSource,
+    SkopeoSource,
+    load_manifest,
+)
+from gpufleet.bundle_model import fetch_model, head_commit
+
+__all__ = ["BuildError", "BuildResult", "LockError", "ManifestError", "build", "load_manifest", "verify"]
+
+
+@dataclass
+class BuildResult:
+    lock: Lock
+    fetched: list[str] = field(default_factory=list)
+    reused: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One artifact to build: where it lands (a file or a directory), its lock version and source."""
+
+    name: str
+    path: str
+    version: str
+    source: str
+    make: Callable[[BuildContext, Path], None]
+    optional: bool = False
+
+
+def _source_text(source: HttpSource | FileSource) -> str:
+    return source.url if isinstance(source, HttpSource) else f"file:{source.path}"
+
+
+def _get_file(source: HttpSource | FileSource) -> Callable[[BuildContext, Path], None]:
+    def make(ctx: BuildContext, dest: Path) -> None:
+        if isinstance(source, HttpSource):
+            download(ctx, source.url, dest, source.sha256)
+        else:
+            copy_file(ctx, ctx.local(source.path), dest, source.sha256)
+
+    return make
+
+
+def _file_units(
+    name: str, folder: str, version: str, files: list[HttpSource | FileSource], optional: bool
+) -> Iterator[Unit]:
+    for source in files:
+        yield Unit(
+            name, f"{folder}/{source.file_name()}", version, _source_text(source), _get_file(source), optional
+        )
+
+
+def _repo_unit(name: str, folder: str, version: str, repo: DebianRepoSource, optional: bool) -> Unit:
+    def make(ctx: BuildContext, dest: Path) -> None:
+        fetch_debian_repo(ctx, repo, dest)
+
+    return Unit(name, folder, version, describe(repo.suite, repo.packages), make, optional)
+
+
+def _docker_units(manifest: Manifest) -> Iterator[Unit]:
+    docker = manifest.docker
+    if docker is None:
+        return
+    source = docker.source
+    if isinstance(source, DebianDockerSource):
+
+        def make(ctx: BuildContext, dest: Path) -> None:
+            fetch_debian_docker(ctx, source.mirror, source.suite, source.packages, dest)
+
+        yield Unit(
+            "docker", docker.bundle_path(), docker.version, describe(source.suite, source.packages), make
+        )
+    else:
+        yield Unit("docker", docker.bundle_path(), docker.version, _source_text(source), _get_file(source))
+
+
+def _nvidia_units(manifest: Manifest) -> Iterator[Unit]:
+    if (toolkit := manifest.nvidia_container_toolkit) is not None:
+        folder = f"nvidia_container_toolkit/{toolkit.version}"
+        yield from _file_units(
+            "nvidia_container_toolkit", folder, toolkit.version, toolkit.files, toolkit.optional
+        )
+        if toolkit.repo:
+            yield _repo_unit(
+                "nvidia_container_toolkit", folder, toolkit.version, toolkit.repo, toolkit.optional
+            )
+    if (driver := manifest.nvidia_driver) is not None:
+        source = driver.source
+        if isinstance(source, DebianRepoSource):
+            yield _repo_unit("nvidia_driver", "nvidia_driver/repo", driver.version, source, driver.optional)
+        else:
+            path = f"nvidia_driver/NVIDIA-Linux-x86_64-{driver.version}.run"
+            yield Unit(
+                "nvidia_driver",
+                path,
+                driver.version,
+                _source_text(source),
+                _get_file(source),
+                driver.optional,
+            )
+    if (cuda := manifest.cuda) is not None:
+        folder = f"cuda/{cuda.version}"
+        yield from _file_units("cuda", folder, cuda.version, cuda.files, cuda.optional)
+        if cuda.repo:
+            yield _repo_unit("cuda", f"{folder}/repo", cuda.version, cuda.repo, cuda.optional)
+
+
+def _image_source_text(image: ImageArtifact) -> str:
+    source = image.source
+    if isinstance(source, DockerArchiveSource):
+        return f"docker-archive:{source.path}"
+    if isinstance(source, DockerDaemonSource):
+        return f"docker-daemon:{image.reference}"
+    if isinstance(source, SkopeoSource):
+        return source.reference
+    return describe(source.suite, {"busybox-static": source.package_version})
+
+
+def _image_unit(image: ImageArtifact) -> Unit:
+    def make(ctx: BuildContext, dest: Path) -> None:
+        save_image(ctx, image, dest)
+
+    return Unit(f"image {image.reference}", image.bundle_path(), image.tag, _image_source_text(image), make)
+
+
+def _model_unit(model: ModelArtifact) -> Unit:
+    def make(ctx: BuildContext, dest: Path) -> None:
+        # A plain path (the lab's local remote) is relative to the manifest, as every local source is.
+        url = model.url if "://" in model.url else ctx.local(model.url).resolve().as_uri()
+        fetch_model(url, model.revision, dest, concurrency=model.source.lfs_concurrency)
+
+    return Unit(f"model {model.repo}", model.bundle_path(), model.revision, model.url, make)
+
+
+def _wheel_units(manifest: Manifest) -> Iterator[Unit]:
+    wheels = manifest.wheels
+    if wheels is None:
+        return
+    yield from _file_units("wheels", "wheels", "", wheels.files, False)
+    if wheels.pip is not None:
+        yield _pip_unit(wheels.pip)
+
+
+def _pip_unit(pip: PipSource) -> Unit:
+    def make(ctx: BuildContext, dest: Path) -> None:
+        dest.mkdir(parents=True, exist_ok=True)
+        run(
+            [
+                "python3",
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--python-version",
+                pip.python_version,
+                "--platform",
+                pip.platform,
+                "--dest",
+                str(dest),
+                *pip.requirements,
+            ],
+            what="wheels",
+        )
+
+    return Unit("wheels", "wheels", "", "pypi: " + " ".join(sorted(pip.requirements)), make)
+
+
+def units(manifest: Manifest) -> list[Unit]:
+    """Everything a manifest asks for, in a fixed order."""
+    return [
+        *_docker_units(manifest),
+        *_nvidia_units(manifest),
+        *(_image_unit(image) for image in manifest.images),
+        *([_model_unit(manifest.model)] if manifest.model else []),
+        *_wheel_units(manifest),
+    ]
+
+
+def _wheel_version(relpath: str) -> str:
+    """A wheel's version from its file name (name-version-...whl)."""
+    match = re.match(r"^[^-]+-([^-]+)-", Path(relpath).name)
+    return match[1] if match else ""
+
+
+def _entries_for(out: Path, unit: Unit) -> list[LockedFile]:
+    target = out / unit.path
+    if target.is_file():
+        return [lock_entry(out, unit.path, unit.version, unit.source)]
+    rels = [f"{unit.path}/{rel}" for rel in bundle_files(target)] if target.is_dir() else []
+    return [lock_entry(out, rel, unit.version or _wheel_version(rel), unit.source) for rel in rels]
+
+
+def _previous(out: Path, unit: Unit, old: Lock | None) -> list[LockedFile]:
+    if old is None:
+        return []
+    prefix = unit.path + "/"
+    entries = [
+        e
+        for e in old.files
+        if (e.path == unit.path or e.path.startswith(prefix))
+        and e.source == unit.source
+        and (e.version == unit.version or not unit.version)
+    ]
+    return entries if entries_intact(out, entries) else []
+
+
+def _build_unit(ctx: BuildContext, unit: Unit, old: Lock | None, result: BuildResult) -> list[LockedFile]:
+    if reused := _previous(ctx.out, unit, old):
+        result.reused.append(unit.name)
+        return reused
+    ctx.console.print(f"[bold]fetch[/] {unit.name} → {unit.path}")
+    unit.make(ctx, ctx.out / unit.path)
+    result.fetched.append(unit.name)
+    return _entries_for(ctx.out, unit)
+
+
+def _resolved(manifest: Manifest, out: Path) -> tuple[list[LockedImage], list[LockedModel]]:
+    images = [
+        LockedImage(
+            name=image.name,
+            tag=image.tag,
+            id=image_id_of(out, image),
+            path=image.bundle_path(),
+            compression=image.compression,
+        )
+        for image in manifest.images
+    ]
+    models = [
+        LockedModel(repo=m.repo, revision=head_commit(out / m.bundle_path()), path=m.bundle_path(), url=m.url)
+        for m in ([manifest.model] if manifest.model else [])
+    ]
+    return images, models
+
+
+def image_id_of(out: Path, image: ImageArtifact) -> str:
+    """The image ID of a built image file (zstd files are read through ``zstd -dc``)."""
+    path = out / image.bundle_path()
+    if image.compression != "zstd":
+        return image_id(path)
+    plain = out / ".work" / "id-probe.tar"
+    plain.parent.mkdir(parents=True, exist_ok=True)
+    run(["zstd", "-q", "-d", "-f", str(path), "-o", str(plain)], what=image.reference)
+    try:
+        return image_id(plain)
+    finally:
+        plain.unlink()
+
+
+def build(
+    manifest_path: Path,
+    out: Path,
+    *,
+    include_optional: bool = False,
+    trust_first_download: bool = False,
+    console: Console | None = None,
+) -> BuildResult:
+    """Build (or complete) the bundle in ``out``; writes ``out/bundle.lock.yml``."""
+    manifest = load_manifest(manifest_path)
+    out.mkdir(parents=True, exist_ok=True)
+    ctx = BuildContext(
+        out=out,
+        manifest_dir=manifest_path.resolve().parent,
+        console=console or Console(stderr=True),
+        trust_first_download=trust_first_download,
+    )
+    try:
+        old: Lock | None = read_lock(out)
+    except LockError:
+        old = None
+    result = BuildResult(lock=Lock(manifest=manifest.name, files=[]))
+    files: list[LockedFile] = []
+    for unit in units(manifest):
+        if unit.optional and not include_optional:
+            result.skipped.append(unit.name)
+            continue
+        files += _build_unit(ctx, unit, old, result)
+    images, models = _resolved(manifest, out)
+    result.lock = Lock(manifest=manifest.name, files=files, images=images, models=models)
+    write_lock(out, result.lock)
+    shutil.rmtree(ctx.work, ignore_errors=True)
+    return result
+
+
+def verify(bundle: Path) -> list[str]:
+    """One line per missing, corrupt or extra file; an empty list means the bundle is intact."""
+    return verify_bundle(bundle, read_lock(bundle))

@@ -1,0 +1,153 @@
+"""bundle.lock.yml: every file of a bundle with size, sha256, version and source; and verifying a bundle.
+
+The lock is written sorted and without timestamps so the same manifest always gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+LOCK_NAME = "bundle.lock.yml"
+# Directories inside a bundle that belong to tools, not to the artifacts: a model clone's git metadata and
+# the build's scratch space.
+IGNORED_PARTS = frozenset({".git", ".work"})
+_CHUNK = 1 << 20
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LockedFile(_Model):
+    path: Annotated[str, StringConstraints(pattern=r"^[^/].*[^/]$")]
+    size: int = Field(ge=0)
+    sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+    version: str
+    source: str
+
+
+class LockedImage(_Model):
+    """What a node needs to decide whether an image is already loaded."""
+
+    name: str
+    tag: str
+    id: Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
+    path: str
+    compression: Literal["none", "gzip", "zstd"]
+
+
+class LockedModel(_Model):
+    repo: str
+    revision: str
+    path: str
+    url: str
+
+
+class Lock(_Model):
+    schema_version: Literal[1] = 1
+    manifest: str
+    files: list[LockedFile]
+    images: list[LockedImage] = Field(default_factory=list)
+    models: list[LockedModel] = Field(default_factory=list)
+
+    def by_path(self) -> dict[str, LockedFile]:
+        return {entry.path: entry for entry in self.files}
+
+
+class LockError(Exception):
+    """The lock file is missing or unreadable."""
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as src:
+        while chunk := src.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def lock_entry(root: Path, relpath: str, version: str, source: str) -> LockedFile:
+    path = root / relpath
+    return LockedFile(
+        path=relpath, size=path.stat().st_size, sha256=sha256_file(path), version=version, source=source
+    )
+
+
+def dump_lock(lock: Lock) -> str:
+    """The lock as YAML: keys and files sorted, nothing that changes between identical builds."""
+    data = lock.model_dump()
+    data["files"] = sorted(data["files"], key=lambda item: item["path"])
+    data["images"] = sorted(data["images"], key=lambda item: item["path"])
+    data["models"] = sorted(data["models"], key=lambda item: item["path"])
+    header = "# Written by `gpufleet bundle build`; `gpufleet bundle verify` checks the bundle against it.\n"
+    return header + yaml.safe_dump(data, sort_keys=True, default_flow_style=False, width=1000)
+
+
+def write_lock(root: Path, lock: Lock) -> Path:
+    target = root / LOCK_NAME
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(dump_lock(lock), encoding="utf-8")
+    os.replace(tmp, target)
+    return target
+
+
+def read_lock(root: Path) -> Lock:
+    path = root / LOCK_NAME
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return Lock.model_validate(data)
+    except FileNotFoundError:
+        raise LockError(
+            f"{path}: missing; expected the lock written by `gpufleet bundle build`. "
+            "Fix: point at a built bundle directory."
+        ) from None
+    except (OSError, yaml.YAMLError, ValidationError) as exc:
+        first = str(exc).splitlines()[0]
+        raise LockError(
+            f"{path}: unreadable ({first}). Fix: rebuild the bundle with `gpufleet bundle build`."
+        ) from None
+
+
+def bundle_files(root: Path) -> Iterator[str]:
+    """Every file of a bundle directory, relative, skipping the lock itself and ignored tool metadata."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in IGNORED_PARTS)
+        for name in sorted(filenames):
+            rel = Path(dirpath, name).relative_to(root).as_posix()
+            if rel != LOCK_NAME and not rel.endswith((".part", ".tmp")):
+                yield rel
+
+
+def check_file(root: Path, entry: LockedFile, *, quick: bool = False) -> str | None:
+    """None when the file matches its lock entry, else one line saying what is wrong."""
+    path = root / entry.path
+    if not path.is_file():
+        return f"{entry.path}: missing; expected {entry.size} bytes (sha256 {entry.sha256[:12]}…)"
+    size = path.stat().st_size
+    if size != entry.size:
+        return f"{entry.path}: corrupt: size {size}, expected {entry.size}"
+    if not quick and (digest := sha256_file(path)) != entry.sha256:
+        return f"{entry.path}: corrupt: sha256 {digest[:12]}…, expected {entry.sha256[:12]}…"
+    return None
+
+
+def verify_bundle(root: Path, lock: Lock | None = None) -> list[str]:
+    """One line per problem: missing, corrupt and extra files (empty list = the bundle is good)."""
+    lock = lock or read_lock(root)
+    expected = lock.by_path()
+    problems = [line for entry in lock.files if (line := check_file(root, entry)) is not None]
+    problems += [f"{rel}: extra: not in {LOCK_NAME}" for rel in bundle_files(root) if rel not in expected]
+    return sorted(problems)
+
+
+def entries_intact(root: Path, entries: Iterable[LockedFile]) -> bool:
+    """True when every entry exists with its recorded size and sha256 (used to skip re-fetching)."""
+    entries = list(entries)
+    return bool(entries) and all(check_file(root, entry) is None for entry in entries)
