@@ -1,0 +1,40 @@
+"""Compare Ray's view of the cluster with the inventory; print JSON {"alive": [...], "missing": [...]}.
+
+Runs inside the head's container (docker exec -i ... python3 -), with the expectation in argv[1] as JSON:
+[{"host": NAME, "ip": IP, "gpus": N}]. Always exits 0 with JSON, so Ansible can retry on the content.
+"""
+
+import json
+import logging
+import sys
+
+expected = json.loads(sys.argv[1])
+address = sys.argv[2]
+try:
+    import ray
+
+    ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False, configure_logging=False)
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    ray.shutdown()
+except Exception as exc:  # noqa: BLE001 - any failure to reach Ray means: keep waiting, say why
+    print(json.dumps({"alive": [], "missing": [dict(e, why=f"Ray unreachable: {exc}") for e in expected]}))
+    sys.exit(0)
+alive = [
+    {
+        "ip": n["NodeManagerAddress"],
+        "cpus": n["Resources"].get("CPU", 0),
+        "gpus": n["Resources"].get("GPU", 0),
+    }
+    for n in nodes
+]
+by_ip = {a["ip"]: a for a in alive}
+missing = []
+for e in expected:
+    node = by_ip.get(e["ip"])
+    if node is None:
+        missing.append(dict(e, why="not registered with Ray"))
+    elif node["gpus"] < e["gpus"]:
+        missing.append(dict(e, why=f"Ray sees {node['gpus']:g} GPUs, expected {e['gpus']}"))
+    elif node["cpus"] <= 0:
+        missing.append(dict(e, why="Ray sees no CPUs"))
+print(json.dumps({"alive": alive, "missing": missing}))
