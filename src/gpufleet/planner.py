@@ -1,0 +1,361 @@
+"""The vLLM memory planner: what vLLM will do at start-up, and what it will refuse, before deploying.
+
+From a model's ``config.json`` and the hardware, per GPU:
+
+- computed exactly (:mod:`gpufleet.planner_arch`, :mod:`gpufleet.planner_weights`): weights (embeddings,
+  attention with GQA/MQA and explicit ``head_dim``, biases, q/k norms, MLP, norms, rotary cache; TP
+  sharding, PP split, quantization, ``cpu_offload_gb``), KV bytes per token
+  (``2 x layers_on_gpu x max(1, kv_heads/TP) x head_dim x kv_dtype_bytes``), the derived maximum model
+  length, and, given the KV-cache memory, blocks (``floor(KV / (block_size x bytes_per_token))``), tokens
+  (``blocks x block_size``) and maximum concurrency (``tokens / max_model_len``);
+- estimated (:mod:`gpufleet.planner_estimates`, formulas and calibration there): activation peak,
+  non-torch memory and CUDA-graph memory, hence the KV-cache memory and everything derived from it,
+  unless ``kv_cache_memory_gib`` fixes it. :attr:`Plan.estimated` names every estimated figure.
+
+KV memory per GPU = ``memory_gib x gpu_memory_utilization - weights - activation - non-torch - graphs``;
+with several pipeline stages each is planned on its own and the stage with the fewest blocks decides
+(vLLM gives every rank the smallest block count); with mixed GPUs the smallest GPU decides.
+
+Calibration against ``tests/data/planner_cases.yml`` (vLLM's own start-up logs), predicted / measured;
+the KV cache is compared as the blocks or tokens vLLM printed times the bytes per token::
+
+    case (vLLM)                         weights GiB               KV GiB                  blocks
+    qwen2.5-1.5b-tp2-rtx3090 (0.7.2)    1.4456 / 1.4495  -0.3 %   8.85 / 8.60    +2.8 %   41,402 / 40,269
+    qwen3-8b-tp2-cpu-offload (0.8.5)    2.6066 / 2.6077  -0.04 %  5.82 / 5.43    +7.2 %    2,647 / 2,470
+    qwen3-8b-tp2-bitsandbytes (0.8.5)   2.8380 / 1.2216  (below)  (no GPU size in the case)
+    qwen3-8b-h100-v2-runner (0.24)     15.2662 / 15.27   -0.02 %  51.55 / 54.48  -5.4 %   23,458 / 24,795
+    qwen2.5-1.5b-h100-v1-runner (0.24)  2.8832 / 2.98    -3.3 %   33.52 / 33.83  -0.9 %   39,232 / 39,586
+    llama-3.2-1b public log (0.10.1)    2.3175 / 2.3185  -0.04 %  36.47 / 37.10  -1.7 %   74,683 / 75,972
+
+Given the KV memory vLLM printed, blocks, tokens and concurrency come out exact (to print rounding).
+The bitsandbytes case's 1.2216 GiB is below what Qwen3-8B can take at TP=2 (its 4-bit linear layers alone
+are 1.62 GiB per rank, the unquantized embedding and lm_head 1.16 GiB); Qwen3-4B's shapes at TP=2 give
+1.2452 GiB (1.2183 without the bitsandbytes quant state), so the case likely names the wrong model.
+The 0.24 V1-runner load of Qwen2.5-1.5B took 0.1 GiB more than its parameters and rotary cache; the
+other loads match them within 0.3 %.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpufleet.planner_arch import (
+    DTYPE_BYTES,
+    GIB,
+    DerivedMaxLen,
+    ModelArch,
+    PlannerInputError,
+    Quantization,
+    checkpoint_quantization,
+    derive_max_model_len,
+    kv_bytes_per_token,
+    parse_arch,
+    pp_layer_split,
+    resolve_dtype,
+    resolve_kv_cache_dtype,
+    resolve_quantization,
+)
+from gpufleet.planner_checks import check_kv_cache, check_settings, context_warnings
+from gpufleet.planner_estimates import (
+    activation_peak_bytes,
+    cuda_graph_bytes,
+    default_batching,
+    non_torch_bytes,
+)
+from gpufleet.planner_weights import StageShape, stage_weights
+
+__all__ = [
+    "GpuDevice",
+    "KvCapacity",
+    "Plan",
+    "PlanRequest",
+    "PlannerInputError",
+    "StagePlan",
+    "kv_cache_capacity",
+    "load_model_config",
+    "plan",
+]
+
+ALWAYS_ESTIMATED = ("activation_peak_gib", "non_torch_gib", "cuda_graph_gib")
+KV_DERIVED = ("kv_cache_gib_per_gpu", "kv_cache_blocks", "kv_cache_tokens", "max_concurrency")
+
+
+class GpuDevice(BaseModel):
+    """One GPU: its name and total memory as CUDA reports it (``torch.cuda.mem_get_info`` total)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1)
+    memory_gib: float = Field(gt=0)
+
+
+class PlanRequest(BaseModel):
+    """A model, the GPUs of a deployment and vLLM's settings (vLLM's names and defaults)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    hf_config: dict[str, Any]
+    gpus: tuple[GpuDevice, ...] = Field(min_length=1)
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    pipeline_parallel_size: int = Field(default=1, ge=1)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    max_model_len: int | None = Field(default=None, ge=1)  # None = the derived maximum
+    block_size: int = Field(default=16, ge=1)
+    dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
+    quantization: str | None = None
+    cpu_offload_gb: float = Field(default=0.0, ge=0)  # GiB per GPU, as vLLM reads it
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    kv_cache_memory_gib: float | None = Field(default=None, gt=0)
+    enforce_eager: bool = False
+
+
+class StagePlan(BaseModel):
+    """One GPU of one pipeline stage (all TP ranks of a stage hold the same amounts)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    pipeline_rank: int
+    first_layer: int
+    end_layer: int  # exclusive, as vLLM's get_pp_indices
+    embedding_gib: float
+    decoder_layers_gib: float
+    lm_head_gib: float
+    other_gib: float  # final norm and rotary cache
+    weights_gib: float
+    offloaded_weights_gib: float
+    activation_peak_gib: float
+    non_torch_gib: float
+    cuda_graph_gib: float
+    kv_bytes_per_token: int
+    kv_cache_gib: float
+    kv_cache_blocks: int
+
+
+class Plan(BaseModel):
+    """What vLLM will do per GPU; figures named in ``estimated`` are estimates, the rest are computed."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model_type: str
+    dtype: str
+    kv_cache_dtype: str
+    quantization: str | None
+    gpu_name: str  # the GPU that decides (the smallest)
+    gpu_memory_gib: float
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    gpu_memory_utilization: float
+    requested_gib_per_gpu: float
+    max_model_len: int
+    derived_max_model_len: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    block_size: int
+    weights_gib_per_gpu: float
+    offloaded_weights_gib_per_gpu: float
+    activation_peak_gib: float
+    non_torch_gib: float
+    cuda_graph_gib: float
+    kv_bytes_per_token_per_gpu: int
+    kv_cache_gib_per_gpu: float
+    kv_cache_blocks: int
+    kv_cache_tokens: int
+    max_concurrency: float
+    estimated: list[str]
+    deciding_stage: int
+    stages: list[StagePlan]
+    errors: list[str]
+    warnings: list[str]
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+@dataclass(frozen=True)
+class KvCapacity:
+    blocks: int
+    tokens: int
+    max_concurrency: float
+
+
+def kv_cache_capacity(
+    kv_cache_bytes: int, bytes_per_token: int, block_size: int, max_model_len: int
+) -> KvCapacity:
+    """Blocks, tokens and "Maximum concurrency for N tokens per request" for a KV-cache size."""
+    blocks = max(0, kv_cache_bytes // (block_size * bytes_per_token)) if bytes_per_token else 0
+    tokens = blocks * block_size
+    return KvCapacity(blocks, tokens, tokens / max_model_len)
+
+
+def load_model_config(path: Path) -> dict[str, Any]:
+    """Read a model's config.json; ``path`` is the model directory or the file itself."""
+    file = path / "config.json" if path.is_dir() else path
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as error:
+        raise PlannerInputError(
+            f"{file}: cannot read ({error.strerror or error}); expected a model directory holding "
+            "config.json, or the config.json itself"
+        ) from error
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise PlannerInputError(
+            f"{file}: not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})"
+        ) from error
+    if not isinstance(config, dict):
+        raise PlannerInputError(f"{file}: found a JSON {type(config).__name__}; expected a JSON object")
+    return config
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    """The request resolved: model shape, dtypes, quantization, the deciding GPU and batch sizes."""
+
+    request: PlanRequest
+    arch: ModelArch
+    dtype: str
+    kv_cache_dtype: str
+    kv_dtype_bytes: int
+    quant: Quantization | None
+    derived: DerivedMaxLen
+    gpu: GpuDevice
+    batching: tuple[int, int]
+    config_quantization: str | None = None
+
+    @property
+    def max_model_len(self) -> int:
+        return self.request.max_model_len or self.derived.value
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def world_size(self) -> int:
+        return self.request.tensor_parallel_size * self.request.pipeline_parallel_size
+
+
+def resolve(request: PlanRequest) -> PlanContext:
+    """Resolve the request; raises PlannerInputError for a config or setting the planner cannot use."""
+    config = request.hf_config
+    arch = parse_arch(config)
+    dtype = resolve_dtype(request.dtype, config)
+    kv_name, kv_bytes = resolve_kv_cache_dtype(request.kv_cache_dtype, dtype)
+    gpu = min(request.gpus, key=lambda device: device.memory_gib)
+    tokens, seqs = default_batching(gpu.name, gpu.memory_gib)
+    return PlanContext(
+        request=request,
+        arch=arch,
+        dtype=dtype,
+        kv_cache_dtype=kv_name,
+        kv_dtype_bytes=kv_bytes,
+        quant=resolve_quantization(request.quantization, config),
+        derived=derive_max_model_len(config),
+        gpu=gpu,
+        batching=(request.max_num_batched_tokens or tokens, request.max_num_seqs or seqs),
+        config_quantization=checkpoint_quantization(config),
+    )
+
+
+def _gib(value: int) -> float:
+    return value / GIB
+
+
+def plan_stage(context: PlanContext, rank: int, bounds: tuple[int, int]) -> StagePlan:
+    """Weights, overheads and KV cache on one GPU of pipeline stage ``rank``."""
+    request, arch = context.request, context.arch
+    tp, pp = request.tensor_parallel_size, request.pipeline_parallel_size
+    layers = bounds[1] - bounds[0]
+    shape = StageShape(tp, rank, pp, layers, context.dtype_bytes, rotary_positions=context.derived.value)
+    weights = stage_weights(arch, shape, context.quant, request.cpu_offload_gb)
+    activation = activation_peak_bytes(
+        arch,
+        tp,
+        context.batching,
+        context.dtype_bytes,
+        last_stage=rank == pp - 1,
+        staging=weights.largest_offloaded_layer_bytes,
+    )
+    non_torch = non_torch_bytes(context.world_size)
+    graphs = cuda_graph_bytes(arch, layers, context.batching[1], context.dtype_bytes, request.enforce_eager)
+    if request.kv_cache_memory_gib is not None:
+        kv = int(request.kv_cache_memory_gib * GIB)
+    else:
+        requested = int(context.gpu.memory_gib * request.gpu_memory_utilization * GIB)
+        kv = requested - weights.total_bytes - activation - non_torch - graphs
+    per_token = kv_bytes_per_token(arch, layers, tp, context.kv_dtype_bytes)
+    capacity = kv_cache_capacity(kv, per_token, request.block_size, context.max_model_len)
+    return StagePlan(
+        pipeline_rank=rank,
+        first_layer=bounds[0],
+        end_layer=bounds[1],
+        embedding_gib=_gib(weights.embedding_bytes),
+        decoder_layers_gib=_gib(weights.layers_bytes),
+        lm_head_gib=_gib(weights.lm_head_bytes),
+        other_gib=_gib(weights.other_bytes),
+        weights_gib=_gib(weights.total_bytes),
+        offloaded_weights_gib=_gib(weights.offloaded_bytes),
+        activation_peak_gib=_gib(activation),
+        non_torch_gib=_gib(non_torch),
+        cuda_graph_gib=_gib(graphs),
+        kv_bytes_per_token=per_token,
+        kv_cache_gib=_gib(max(kv, 0)),
+        kv_cache_blocks=capacity.blocks,
+    )
+
+
+def plan(request: PlanRequest) -> Plan:
+    """Plan a deployment. Infeasible settings go into ``Plan.errors``; only unusable input raises
+    :class:`PlannerInputError` (unreadable config, unknown dtype or quantization, unsupported model)."""
+    context = resolve(request)
+    errors = check_settings(context)
+    bounds = pp_layer_split(context.arch.num_layers, request.pipeline_parallel_size)
+    stages = [plan_stage(context, rank, bound) for rank, bound in enumerate(bounds)]
+    # A stage without layers holds no KV cache (and is an error of its own).
+    candidates = [stage for stage in stages if stage.end_layer > stage.first_layer] or stages
+    deciding = min(candidates, key=lambda stage: (stage.kv_cache_blocks, -stage.weights_gib))
+    tokens = deciding.kv_cache_blocks * request.block_size
+    kv_errors, kv_warnings = check_kv_cache(context, deciding, tokens)
+    estimated = list(ALWAYS_ESTIMATED)
+    if request.kv_cache_memory_gib is None:
+        estimated += KV_DERIVED
+    return Plan(
+        model_type=context.arch.model_type,
+        dtype=context.dtype,
+        kv_cache_dtype=context.kv_cache_dtype,
+        quantization=context.quant.method if context.quant else None,
+        gpu_name=context.gpu.name,
+        gpu_memory_gib=context.gpu.memory_gib,
+        tensor_parallel_size=request.tensor_parallel_size,
+        pipeline_parallel_size=request.pipeline_parallel_size,
+        gpu_memory_utilization=request.gpu_memory_utilization,
+        requested_gib_per_gpu=context.gpu.memory_gib * request.gpu_memory_utilization,
+        max_model_len=context.max_model_len,
+        derived_max_model_len=context.derived.value,
+        max_num_batched_tokens=context.batching[0],
+        max_num_seqs=context.batching[1],
+        block_size=request.block_size,
+        weights_gib_per_gpu=deciding.weights_gib,
+        offloaded_weights_gib_per_gpu=deciding.offloaded_weights_gib,
+        activation_peak_gib=deciding.activation_peak_gib,
+        non_torch_gib=deciding.non_torch_gib,
+        cuda_graph_gib=deciding.cuda_graph_gib,
+        kv_bytes_per_token_per_gpu=deciding.kv_bytes_per_token,
+        kv_cache_gib_per_gpu=deciding.kv_cache_gib,
+        kv_cache_blocks=deciding.kv_cache_blocks,
+        kv_cache_tokens=tokens,
+        max_concurrency=tokens / context.max_model_len,
+        estimated=estimated,
+        deciding_stage=deciding.pipeline_rank,
+        stages=stages,
+        errors=errors + kv_errors,
+        warnings=context_warnings(context) + kv_warnings,
+    )
