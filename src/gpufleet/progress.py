@@ -51,15 +51,18 @@ class LiveProgress:
         self._live = Live(console=self.console, get_renderable=self._render, refresh_per_second=4)
 
     def __enter__(self) -> LiveProgress:
-        self._live.start()
         return self
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
-        self._live.stop()
+        if self._live.is_started:
+            self._live.stop()
 
     def stage_started(self, stage: str) -> None:
+        # The table appears with the first stage: a run refused before any stage shows none.
+        if not self._live.is_started:
+            self._live.start()
         with self._lock:
             self._rows[(stage, "")] = _Row(stage, "", task="starting")
 

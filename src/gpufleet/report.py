@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from gpufleet.vllm_log import VllmFacts
+from gpufleet.vllm_log import PlanFigures, VllmFacts, compare
 
 StageStatus = Literal["ok", "failed", "canceled", "timeout"]
 
@@ -69,6 +69,12 @@ class DeployReport(_Frozen):
     @property
     def failures(self) -> tuple[Failure, ...]:
         return tuple(failure for stage in self.stages for failure in stage.failures)
+
+    def compared_with(self, plan: PlanFigures) -> DeployReport:
+        """This report with a warning for each vLLM fact more than 10% off the plan's prediction."""
+        if self.vllm is None:
+            return self
+        return self.model_copy(update={"warnings": (*self.warnings, *compare(self.vllm, plan))})
 
 
 class StatusReport(_Frozen):

@@ -32,9 +32,18 @@ from gpufleet.paths import project_root
 from gpufleet.report import DeployReport, StatusReport
 from gpufleet.runner_ansible import Facts, RunSpec, run_stages
 from gpufleet.runner_events import ProgressSink
-from gpufleet.vllm_log import PlanFigures, VllmFacts, compare, parse
+from gpufleet.vllm_log import PlanFigures, VllmFacts, parse
 
-__all__ = ["STAGES", "DeployError", "ProgressSink", "deploy", "select_stages", "status", "teardown"]
+__all__ = [
+    "STAGES",
+    "DeployError",
+    "ProgressSink",
+    "deploy",
+    "deploy_specs",
+    "select_stages",
+    "status",
+    "teardown",
+]
 
 STAGES = ("preflight", "nodes", "artifacts", "cluster", "serve", "verify")
 
@@ -64,11 +73,52 @@ def deploy(
     Raises DeployError for arguments that cannot work and gpufleet.problems.InventoryError (one line per
     problem) when ``validate_inventory`` finds the inventory invalid; nothing has run on a host then.
     """
-    names = select_stages(stages)
+    specs = deploy_specs(
+        inventory,
+        bundle=bundle,
+        stages=stages,
+        extra_vars=extra_vars,
+        check=check,
+        limit=limit,
+        project_dir=project_dir,
+        timeout=timeout,
+        env_passthrough=env_passthrough,
+    )
+    if validate_inventory:
+        _validate(inventory)
+    started = time.monotonic()
+    results, facts = run_stages(specs, progress, cancel)
+    failed = next((result.name for result in results if result.status != "ok"), None)
+    report = DeployReport(
+        ok=failed is None,
+        check_mode=check,
+        seconds=round(time.monotonic() - started, 3),
+        stages=tuple(results),
+        failed_stage=failed,
+        endpoint=_text(facts, "gpufleet_endpoint"),
+        served_model=_text(facts, "gpufleet_served_model"),
+        vllm=_vllm_facts(facts),
+    )
+    return report.compared_with(plan) if plan is not None else report
+
+
+def deploy_specs(
+    inventory: Path,
+    *,
+    bundle: Path | None = None,
+    stages: Sequence[str] | None = None,
+    extra_vars: Mapping[str, Any] | None = None,
+    check: bool = False,
+    limit: str | None = None,
+    project_dir: Path | None = None,
+    timeout: int | None = None,
+    env_passthrough: Sequence[str] = (),
+) -> list[RunSpec]:
+    """The checked playbook runs of a deploy, in order; DeployError says what cannot work and the fix."""
     variables = dict(extra_vars or {})
     if bundle is not None:
         variables["gpufleet_bundle_dir"] = str(_check_bundle(bundle, variables))
-    specs = [
+    return [
         _spec(
             name,
             inventory=inventory,
@@ -79,26 +129,8 @@ def deploy(
             timeout=timeout,
             env_passthrough=env_passthrough,
         )
-        for name in names
+        for name in select_stages(stages)
     ]
-    if validate_inventory:
-        _validate(inventory)
-    started = time.monotonic()
-    results, facts = run_stages(specs, names, progress, cancel)
-    failed = next((result.name for result in results if result.status != "ok"), None)
-    vllm = _vllm_facts(facts)
-    warnings = tuple(compare(vllm, plan)) if vllm is not None and plan is not None else ()
-    return DeployReport(
-        ok=failed is None,
-        check_mode=check,
-        seconds=round(time.monotonic() - started, 3),
-        stages=tuple(results),
-        failed_stage=failed,
-        endpoint=_text(facts, "gpufleet_endpoint"),
-        served_model=_text(facts, "gpufleet_served_model"),
-        vllm=vllm,
-        warnings=warnings,
-    )
 
 
 def teardown(
@@ -121,7 +153,7 @@ def teardown(
         timeout=timeout,
     )
     started = time.monotonic()
-    results, _ = run_stages([spec], ["teardown"], progress, cancel)
+    results, _ = run_stages([spec], progress, cancel)
     ok = results[0].status == "ok"
     return DeployReport(
         ok=ok,
@@ -144,7 +176,7 @@ def status(
     spec = _spec(
         "status", inventory=inventory, extravars={}, project_dir=project_dir, limit=limit, timeout=timeout
     )
-    results, facts = run_stages([spec], ["status"], progress, cancel)
+    results, facts = run_stages([spec], progress, cancel)
     alive, expected = (
         _number(facts, "gpufleet_ray_nodes_alive"),
         _number(facts, "gpufleet_ray_nodes_expected"),
@@ -191,6 +223,11 @@ def _spec(
     timeout: int | None = None,
     env_passthrough: Sequence[str] = (),
 ) -> RunSpec:
+    if not inventory.exists():
+        raise DeployError(
+            f"inventory {inventory}: no such file or directory. "
+            "Fix: pass -i with your inventory file or directory (e.g. -i inventories/prod)"
+        )
     project = _project(project_dir)
     playbook = project / "playbooks" / f"{stage}.yml"
     if not playbook.is_file():
@@ -198,12 +235,8 @@ def _spec(
             f"playbook {playbook}: missing, so stage {stage!r} cannot run. "
             f"Fix: restore it from the gpufleet checkout, or leave {stage!r} out"
         )
-    if not inventory.exists():
-        raise DeployError(
-            f"inventory {inventory}: no such file or directory. "
-            "Fix: pass -i with your inventory file or directory (e.g. -i inventories/prod)"
-        )
     return RunSpec(
+        stage=stage,
         project=project,
         playbook=playbook,
         inventory=inventory.resolve(),

@@ -64,6 +64,7 @@ Facts = dict[str, tuple[str, Any]]
 class RunSpec:
     """Everything one playbook run needs, checked."""
 
+    stage: str
     project: Path
     playbook: Path
     inventory: Path
@@ -76,17 +77,16 @@ class RunSpec:
 
 def run_stages(
     specs: Sequence[RunSpec],
-    names: Sequence[str],
     progress: ProgressSink | None,
     cancel: Callable[[], bool] | None,
 ) -> tuple[list[StageResult], Facts]:
     results: list[StageResult] = []
     facts: Facts = {}
     with _interruptible(cancel) as cancelled:
-        for spec, name in zip(specs, names, strict=True):
+        for spec in specs:
             if progress:
-                progress.stage_started(name)
-            result, published = _run_playbook(spec, name, progress, cancelled)
+                progress.stage_started(spec.stage)
+            result, published = _run_playbook(spec, progress, cancelled)
             facts.update(published)
             results.append(result)
             if progress:
@@ -97,9 +97,9 @@ def run_stages(
 
 
 def _run_playbook(
-    spec: RunSpec, stage: str, progress: ProgressSink | None, cancelled: Callable[[], bool]
+    spec: RunSpec, progress: ProgressSink | None, cancelled: Callable[[], bool]
 ) -> tuple[StageResult, Facts]:
-    recorder = StageRecorder(stage, progress)
+    recorder = StageRecorder(spec.stage, progress)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gpufleet-runner-") as private:
         import ansible_runner  # noqa: PLC0415  (heavy; only when a playbook runs)

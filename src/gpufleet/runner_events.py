@@ -147,7 +147,8 @@ class StageRecorder:
     def _host_result(self, name: str, host: _Host) -> HostResult:
         if self._stats is None:
             counts = dict(host.counts)
-            counts["ok"] = counts.get("ok", 0) + counts.get("changed", 0)
+            # As in Ansible's recap, changed and ignored-failed results are also "ok".
+            counts["ok"] = counts.get("ok", 0) + counts.get("changed", 0) + counts.get("ignored", 0)
             counts["failed"] = counts.get("failed", 0)
         else:
             counts = {

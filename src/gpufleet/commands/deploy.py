@@ -49,16 +49,17 @@ def run(args: argparse.Namespace) -> int:
     stages = args.stages.split(",") if args.stages is not None else None
 
     def call(progress: ProgressSink | None) -> DeployReport:
-        plan = None if args.check or (stages and "serve" not in stages) else planned(args.inventory)
-        return deploy(
+        report = deploy(
             args.inventory,
             bundle=args.bundle,
             stages=stages,
             check=args.check,
             limit=args.limit,
             progress=progress,
-            plan=plan,
         )
+        # Planned only now, and only when vLLM reported facts to compare with.
+        plan = planned(args.inventory) if report.vllm is not None else None
+        return report.compared_with(plan) if plan is not None else report
 
     return run_reporting(call, print_deploy_report, as_json=args.json)
 

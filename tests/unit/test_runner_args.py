@@ -1,0 +1,209 @@
+"""What gpufleet hands ansible-runner: stages, extra vars, the bundle, and an allow-listed environment."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import ansible_runner
+import pytest
+
+from gpufleet.runner import STAGES, DeployError, deploy_specs, select_stages
+from gpufleet.runner_ansible import PASSED_ENV, RunSpec, restrict_env, runner_arguments, runner_env
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    root = tmp_path / "project"
+    (root / "playbooks").mkdir(parents=True)
+    for stage in (*STAGES, "status", "teardown"):
+        (root / "playbooks" / f"{stage}.yml").write_text("- hosts: all\n  tasks: []\n", encoding="utf-8")
+    (root / "ansible.cfg").write_text("[defaults]\n", encoding="utf-8")
+    return root
+
+
+@pytest.fixture
+def inventory(tmp_path: Path) -> Path:
+    path = tmp_path / "hosts.ini"
+    path.write_text("[gpu_nodes]\nlocalhost ansible_connection=local\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def bundle(tmp_path: Path) -> Path:
+    path = tmp_path / "bundle"
+    path.mkdir()
+    (path / "bundle.lock.yml").write_text("files: []\n", encoding="utf-8")
+    return path
+
+
+def spec_for(project: Path, inventory: Path, **changes: object) -> RunSpec:
+    return deploy_specs(inventory, project_dir=project, stages=["serve"], **changes)[0]  # type: ignore[arg-type]
+
+
+def test_every_stage_runs_in_pipeline_order_by_default() -> None:
+    assert select_stages(None) == ["preflight", "nodes", "artifacts", "cluster", "serve", "verify"]
+
+
+def test_chosen_stages_run_in_pipeline_order_whatever_order_they_were_given() -> None:
+    assert select_stages(["verify", " serve", "cluster"]) == ["cluster", "serve", "verify"]
+
+
+def test_an_unknown_stage_is_named_with_the_valid_ones() -> None:
+    with pytest.raises(DeployError) as error:
+        select_stages(["nodes", "serving"])
+
+    assert str(error.value).startswith("stage 'serving': unknown; expected one or more of preflight, nodes,")
+    assert "Fix: " in str(error.value)
+
+
+def test_an_empty_stage_list_is_refused() -> None:
+    with pytest.raises(DeployError, match="stages: none given"):
+        select_stages(["", " "])
+
+
+def test_specs_follow_the_stages(project: Path, inventory: Path) -> None:
+    specs = deploy_specs(inventory, project_dir=project, stages=["serve", "cluster"])
+
+    assert [(spec.stage, spec.playbook) for spec in specs] == [
+        ("cluster", project.resolve() / "playbooks" / "cluster.yml"),
+        ("serve", project.resolve() / "playbooks" / "serve.yml"),
+    ]
+
+
+def test_bundle_becomes_the_gpufleet_bundle_dir_extra_var(
+    project: Path, inventory: Path, bundle: Path
+) -> None:
+    spec = spec_for(project, inventory, bundle=bundle, extra_vars={"vllm_service_port": 8001})
+
+    assert spec.extravars == {"vllm_service_port": 8001, "gpufleet_bundle_dir": str(bundle.resolve())}
+
+
+def test_a_missing_bundle_directory_is_a_one_line_error(
+    project: Path, inventory: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(DeployError) as error:
+        spec_for(project, inventory, bundle=tmp_path / "nowhere")
+
+    assert str(error.value).startswith(f"bundle {tmp_path / 'nowhere'}: not a directory. Fix: ")
+    assert "\n" not in str(error.value)
+
+
+def test_a_directory_without_a_bundle_lock_is_not_a_bundle(
+    project: Path, inventory: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(DeployError, match=r"no bundle\.lock\.yml in it"):
+        spec_for(project, inventory, bundle=tmp_path)
+
+
+def test_the_bundle_cannot_also_come_as_an_extra_var(project: Path, inventory: Path, bundle: Path) -> None:
+    with pytest.raises(DeployError, match="given both as --bundle and as an extra variable"):
+        spec_for(project, inventory, bundle=bundle, extra_vars={"gpufleet_bundle_dir": "/srv/other"})
+
+
+def test_a_missing_inventory_is_a_one_line_error(project: Path, tmp_path: Path) -> None:
+    with pytest.raises(DeployError) as error:
+        spec_for(project, tmp_path / "inventories" / "nope")
+
+    assert "no such file or directory. Fix: pass -i" in str(error.value)
+
+
+def test_a_missing_playbook_stops_before_anything_runs(project: Path, inventory: Path) -> None:
+    (project / "playbooks" / "verify.yml").unlink()
+
+    with pytest.raises(DeployError, match=r"verify.yml: missing, so stage 'verify' cannot run"):
+        deploy_specs(inventory, project_dir=project)
+
+
+def test_runner_arguments_are_built_in_one_place(project: Path, inventory: Path, tmp_path: Path) -> None:
+    spec = spec_for(project, inventory, check=True, limit="head", timeout=600)
+
+    def handler(event: object) -> bool:
+        return False
+
+    def cancel() -> bool:
+        return False
+
+    arguments = runner_arguments(spec, tmp_path / "private", handler, cancel)
+
+    assert arguments == {
+        "private_data_dir": str(tmp_path / "private"),
+        "project_dir": str(project.resolve()),
+        "playbook": str(project.resolve() / "playbooks" / "serve.yml"),
+        "inventory": str(inventory.resolve()),
+        "extravars": {},
+        "limit": "head",
+        "cmdline": "--check",
+        "envvars": runner_env(spec, os.environ),
+        "json_mode": True,
+        "quiet": True,
+        "timeout": 600,
+        "event_handler": handler,
+        "cancel_callback": cancel,
+        "settings": {"suppress_ansible_output": True, "suppress_output_file": True},
+    }
+
+
+def test_runner_env_passes_only_the_allow_list(project: Path, inventory: Path) -> None:
+    spec = spec_for(project, inventory)
+    environ = {
+        "PATH": "/usr/bin",
+        "HOME": "/root",
+        "SSH_AUTH_SOCK": "/run/agent.sock",
+        "https_proxy": "http://proxy:3128",
+        "AWS_SECRET_ACCESS_KEY": "do-not-pass",
+        "ANSIBLE_VAULT_PASSWORD_FILE": "/root/.vault",
+        "ANSIBLE_STDOUT_CALLBACK": "yaml",
+    }
+
+    env = runner_env(spec, environ)
+
+    assert env == {
+        "HOME": "/root",
+        "SSH_AUTH_SOCK": "/run/agent.sock",
+        "https_proxy": "http://proxy:3128",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}/usr/bin",
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_CALLBACK_PLUGINS": "",
+        "ANSIBLE_STDOUT_CALLBACK": "default",
+        "ANSIBLE_CONFIG": str(project.resolve() / "ansible.cfg"),
+    }
+
+
+def test_named_variables_can_be_passed_through(project: Path, inventory: Path) -> None:
+    spec = spec_for(project, inventory, env_passthrough=["ANSIBLE_VAULT_PASSWORD_FILE"])
+
+    env = runner_env(spec, {"ANSIBLE_VAULT_PASSWORD_FILE": "/root/.vault", "OTHER": "x"})
+
+    assert env["ANSIBLE_VAULT_PASSWORD_FILE"] == "/root/.vault"
+    assert "OTHER" not in env
+
+
+def test_the_allow_list_names_no_secret_carrier() -> None:
+    assert not [name for name in PASSED_ENV if "KEY" in name or "TOKEN" in name or "PASS" in name]
+
+
+def test_runner_environment_keeps_nothing_of_the_callers_but_the_allow_list(
+    project: Path, inventory: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUFLEET_TEST_SECRET", "do-not-pass")
+    monkeypatch.setenv("ANSIBLE_STDOUT_CALLBACK", "yaml")
+    monkeypatch.setenv("ANSIBLE_CALLBACK_PLUGINS", "/somewhere/else")
+    monkeypatch.setenv("ANSIBLE_BECOME_PASSWORD_FILE", "/root/become")
+    spec = spec_for(project, inventory)
+    (tmp_path / "private").mkdir()
+    arguments = runner_arguments(spec, tmp_path / "private", lambda event: False, lambda: False)
+    # ansible-runner's own preparation, as _run_playbook does it, without starting ansible-playbook.
+    config_env = ansible_runner.interface.init_runner(**arguments).config.env
+
+    env = restrict_env(config_env, os.environ, set(arguments["envvars"]))
+
+    assert "GPUFLEET_TEST_SECRET" in config_env  # ansible-runner alone would have passed it
+    assert "GPUFLEET_TEST_SECRET" not in env
+    assert "ANSIBLE_BECOME_PASSWORD_FILE" not in env
+    assert env["ANSIBLE_STDOUT_CALLBACK"] == "awx_display"
+    assert env["ORIGINAL_STDOUT_CALLBACK"] == "default"
+    assert "/somewhere/else" not in env["ANSIBLE_CALLBACK_PLUGINS"]
+    assert env["AWX_ISOLATED_DATA_DIR"].startswith(str(tmp_path / "private"))
+    assert env["PATH"].startswith(str(Path(sys.executable).parent))
