@@ -95,12 +95,13 @@ class Lab:
             lab_inventory.write(inventory)
             return inventory
 
-    def down(self) -> None:
-        """Tear the lab down completely; a lab that is not there is not an error."""
+    def down(self) -> bool:
+        """Tear the lab down completely; False (not an error) when there was no lab of that name."""
         with self._lock():
             state = lab_state.load(self.name)
             if state is not None:
                 _teardown(state)
+            return state is not None
 
     def reset(self) -> LabInventory:
         """Fresh hosts on the same network and inventory: kill, new overlay upper dirs, boot, SSH ready."""

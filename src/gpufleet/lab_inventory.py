@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +31,22 @@ class LabInventory:
     bridge_ip: str  # the control node's address on the lab network
     subnet: str
     offline: bool
-    ssh_options: tuple[str, ...] = field(default=())
 
     @property
     def ips(self) -> dict[str, str]:
         return {host.name: host.ip for host in self.hosts}
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form (what `gpufleet lab up --json` prints)."""
+        return {
+            "name": self.name,
+            "hosts": [{"name": host.name, "ip": host.ip} for host in self.hosts],
+            "key": str(self.key),
+            "inventory": str(self.inventory),
+            "bridge_ip": self.bridge_ip,
+            "subnet": self.subnet,
+            "offline": self.offline,
+        }
 
 
 def default_inventory_path(name: str, fallback: Path) -> Path:

@@ -32,6 +32,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--suite", choices=SUITES, default=DEFAULT_SUITE, help="Debian suite (default: %(default)s)"
     )
     up.add_argument("--offline", action="store_true", help="hosts reach each other and this machine only")
+    up.add_argument("--json", action="store_true", help="print the lab (hosts, key, inventory) as JSON")
     up.add_argument(
         "--inventory",
         type=Path,
@@ -40,11 +41,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     up.set_defaults(func=_guarded(_up))
 
-    for action, text, func in (
-        ("down", "tear the lab down, leaving nothing behind", _down),
-        ("reset", "replace every host by a fresh one (same addresses and inventory)", _reset),
-    ):
-        _add_name(commands.add_parser(action, help=text)).set_defaults(func=_guarded(func))
+    down = _add_name(commands.add_parser("down", help="tear the lab down, leaving nothing behind"))
+    down.set_defaults(func=_guarded(_down))
+
+    reset = _add_name(commands.add_parser("reset", help="replace every host by a fresh one (same addresses)"))
+    reset.add_argument("--json", action="store_true", help="print the lab (hosts, key, inventory) as JSON")
+    reset.set_defaults(func=_guarded(_reset))
 
     status = _add_name(commands.add_parser("status", help="list hosts and whether SSH answers"))
     status.add_argument("--json", action="store_true", help="machine-readable output")
@@ -77,7 +79,10 @@ def _guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse
     return guarded
 
 
-def _report(inventory: LabInventory, action: str, seconds: float) -> None:
+def _report(inventory: LabInventory, action: str, seconds: float, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(inventory.as_dict() | {"seconds": round(seconds, 2)}, indent=2))
+        return
     print(
         f"lab {inventory.name}: {action} {len(inventory.hosts)} hosts in {seconds:.1f} s ({inventory.subnet})"
     )
@@ -90,19 +95,18 @@ def _report(inventory: LabInventory, action: str, seconds: float) -> None:
 def _up(args: argparse.Namespace) -> int:
     started = time.monotonic()
     lab = Lab(args.name, nodes=args.nodes, suite=args.suite, offline=args.offline, inventory=args.inventory)
-    _report(lab.up(), "up", time.monotonic() - started)
+    _report(lab.up(), "up", time.monotonic() - started, args.json)
     return 0
 
 
 def _down(args: argparse.Namespace) -> int:
-    Lab(args.name).down()
-    print(f"lab {args.name}: down")
+    print(f"lab {args.name}: {'down' if Lab(args.name).down() else 'was not running; nothing to do'}")
     return 0
 
 
 def _reset(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    _report(Lab(args.name).reset(), "reset", time.monotonic() - started)
+    _report(Lab(args.name).reset(), "reset", time.monotonic() - started, args.json)
     return 0
 
 
