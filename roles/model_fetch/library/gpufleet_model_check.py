@@ -1,0 +1,179 @@
+#!/usr/bin/python3
+"""Ansible module: check (and record) the model directory of one node.
+
+The marker file ``.gpufleet-model.json`` in the model directory says what is there: repo, revision and
+every file with size and sha256. It is written only after every file matched, and removed before any
+file is touched, so a partial or corrupt model is never taken for a good one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+
+from ansible.module_utils.basic import AnsibleModule
+
+DOCUMENTATION = r"""
+module: gpufleet_model_check
+short_description: Verify a model directory against a file list (or its git-lfs checkout) and keep a marker
+options:
+  path: {type: path, required: true, description: The model directory.}
+  repo: {type: str, required: true, description: ModelScope repository id.}
+  revision: {type: str, default: "", description: Expected commit; empty accepts the marker's.}
+  files: {type: dict, default: {}, description: "Expected files: relative path -> {sha256, size}."}
+  from_git: {type: bool, default: false, description: Take the expected files from the git-lfs checkout at HEAD.}
+  verify: {type: str, default: sha256, choices: [sha256, size], description: How deeply to check files.}
+  state: {type: str, default: check, choices: [check, record, invalidate], description: "check: report only;
+    record: check and write the marker when all is well; invalidate: remove the marker."}
+  dedupe_lfs: {type: bool, default: false, description: Hard-link .git/lfs/objects to the checked-out files.}
+"""
+
+MARKER = ".gpufleet-model.json"
+CHUNK = 1 << 20
+
+
+def sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as src:
+        while chunk := src.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def git(path, *args):
+    return subprocess.run(["git", "-C", path, *args], capture_output=True, text=True, check=True).stdout
+
+
+def files_from_git(path):
+    """Expected files of a git-lfs checkout: LFS files by their pointer, others by the blob in HEAD."""
+    expected = {}
+    lfs = {}
+    for line in git(path, "lfs", "ls-files", "--long").splitlines():
+        oid, _marker, name = line.split(" ", 2)
+        lfs[name] = oid
+    for line in git(path, "ls-tree", "-r", "-l", "HEAD").splitlines():
+        meta, name = line.split("\t", 1)
+        _mode, _kind, blob, size = meta.split()
+        if name in lfs:
+            pointer = git(path, "cat-file", "blob", blob)
+            lfs_size = next(int(p.split()[1]) for p in pointer.splitlines() if p.startswith("size "))
+            expected[name] = {"sha256": lfs[name], "size": lfs_size}
+        else:
+            expected[name] = {"git_blob": blob, "size": int(size)}
+    return expected
+
+
+def check_file(path, name, want, verify):
+    full = os.path.join(path, name)
+    if not os.path.isfile(full):
+        return f"{name}: missing", None
+    size = os.path.getsize(full)
+    if size != want["size"]:
+        return f"{name}: size {size}, expected {want['size']} (partial or corrupt)", None
+    if verify == "size" and "sha256" in want:
+        return None, want["sha256"]
+    digest = sha256(full)
+    if "git_blob" in want:
+        blob = git(path, "hash-object", "--no-filters", full).strip()
+        return (None if blob == want["git_blob"] else f"{name}: content differs from git"), digest
+    return (None if digest == want["sha256"] else f"{name}: sha256 {digest[:12]}..., expected {want['sha256'][:12]}..."), digest
+
+
+def read_marker(path):
+    try:
+        with open(os.path.join(path, MARKER)) as src:
+            return json.load(src)
+    except (OSError, ValueError):
+        return None
+
+
+def dedupe(path, files):
+    """One copy of each weight on disk: the LFS object becomes a hard link of the checked-out file."""
+    linked = 0
+    for name, entry in files.items():
+        oid = entry["sha256"]
+        obj = os.path.join(path, ".git", "lfs", "objects", oid[:2], oid[2:4], oid)
+        full = os.path.join(path, name)
+        if os.path.isfile(obj) and not os.path.samefile(obj, full):
+            tmp = obj + ".link"
+            os.link(full, tmp)
+            os.replace(tmp, obj)
+            linked += 1
+    for leftover in ("incomplete", "tmp"):
+        base = os.path.join(path, ".git", "lfs", leftover)
+        for entry in os.listdir(base) if os.path.isdir(base) else []:
+            os.unlink(os.path.join(base, entry))
+    return linked
+
+
+def expected_files(module, path):
+    params = module.params
+    if params["from_git"]:
+        try:
+            return files_from_git(path), git(path, "rev-parse", "HEAD").strip()
+        except (subprocess.CalledProcessError, OSError) as exc:
+            module.fail_json(msg=f"{path}: not a readable git-lfs checkout ({exc}). Fix: run the role again.")
+    if params["files"]:
+        return params["files"], params["revision"]
+    marker = read_marker(path) or {}
+    return marker.get("files", {}), marker.get("revision", "")
+
+
+def run(module):
+    params = module.params
+    path, marker_path = params["path"], os.path.join(params["path"], MARKER)
+    if params["state"] == "invalidate":
+        present = os.path.exists(marker_path)
+        if present and not module.check_mode:
+            os.unlink(marker_path)
+        return {"changed": present, "ok": False}
+    marker = read_marker(path)
+    files, revision = expected_files(module, path)
+    problems = []
+    if params["revision"] and revision != params["revision"]:
+        problems.append(f"revision {revision or 'unknown'}, expected {params['revision']}")
+    if not files:
+        problems.append("no file list (no marker and nothing expected)")
+    recorded = {}
+    for name, want in sorted(files.items()):
+        problem, digest = check_file(path, name, want, params["verify"])
+        if problem:
+            problems.append(problem)
+        recorded[name] = {"sha256": digest or want.get("sha256"), "size": want["size"]}
+    wanted = {"repo": params["repo"], "revision": revision, "files": recorded}
+    result = {"changed": False, "ok": not problems, "problems": problems, "revision": revision, "files": recorded}
+    if not problems and marker is not None and marker.get("repo") != params["repo"]:
+        result.update(ok=False, problems=[f"marker names repo {marker.get('repo')}, expected {params['repo']}"])
+    if params["state"] == "record" and result["ok"] and marker != wanted:
+        result["changed"] = True
+        if not module.check_mode:
+            with open(marker_path + ".tmp", "w") as out:
+                json.dump(wanted, out, indent=1, sort_keys=True)
+            os.replace(marker_path + ".tmp", marker_path)
+    if params["dedupe_lfs"] and result["ok"] and not module.check_mode:
+        result["changed"] = dedupe(path, recorded) > 0 or result["changed"]
+    result["recorded"] = result["ok"] and (marker == wanted or params["state"] == "record")
+    return result
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "path": {"type": "path", "required": True},
+            "repo": {"type": "str", "required": True},
+            "revision": {"type": "str", "default": ""},
+            "files": {"type": "dict", "default": {}},
+            "from_git": {"type": "bool", "default": False},
+            "verify": {"type": "str", "default": "sha256", "choices": ["sha256", "size"]},
+            "state": {"type": "str", "default": "check", "choices": ["check", "record", "invalidate"]},
+            "dedupe_lfs": {"type": "bool", "default": False},
+        },
+        supports_check_mode=True,
+    )
+    module.exit_json(**run(module))
+
+
+if __name__ == "__main__":
+    main()
