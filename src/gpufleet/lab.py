@@ -93,6 +93,8 @@ class Lab:
             _wait_for_ssh(state)
             inventory = _inventory(state)
             lab_inventory.write(inventory)
+            if inventory.inventory.parent.parent == lab_state.lab_dir(self.name):
+                lab_inventory.link_group_vars(inventory.inventory)
             return inventory
 
     def down(self) -> bool:
@@ -192,7 +194,7 @@ class Lab:
                 )
                 for i in range(1, self.nodes + 1)
             ]
-            fallback = lab_state.lab_dir(self.name) / "inventory.yml"
+            fallback = lab_state.lab_dir(self.name) / "inventory" / "hosts.yml"
             inventory = self.inventory_path or lab_inventory.default_inventory_path(self.name, fallback)
             state = LabState(
                 name=self.name, index=index, offline=self.offline, suite=self.suite,

@@ -49,13 +49,30 @@ class LabInventory:
         }
 
 
+def repo_lab_inventory_dir() -> Path | None:
+    """<repo>/inventories/lab of the gpufleet checkout around the current directory, if any."""
+    for directory in (Path.cwd(), *Path.cwd().parents):
+        if (directory / "inventories" / "lab").is_dir() and (directory / "ansible.cfg").is_file():
+            return directory / "inventories" / "lab"
+    return None
+
+
 def default_inventory_path(name: str, fallback: Path) -> Path:
-    """The default lab goes to <repo>/inventories/lab/hosts.yml; other labs next to their state."""
-    if name == DEFAULT_LAB:
-        for directory in (Path.cwd(), *Path.cwd().parents):
-            if (directory / "inventories" / "lab").is_dir() and (directory / "ansible.cfg").is_file():
-                return directory / "inventories" / "lab" / "hosts.yml"
-    return fallback
+    """The default lab goes to <repo>/inventories/lab/hosts.yml; other labs to ``fallback``."""
+    repo = repo_lab_inventory_dir()
+    return repo / "hosts.yml" if name == DEFAULT_LAB and repo is not None else fallback
+
+
+def link_group_vars(inventory: Path) -> None:
+    """Give an inventory outside the repo the fleet's lab settings: group_vars -> inventories/lab/group_vars.
+
+    Ansible reads group_vars/ next to an inventory file, so ``-i <lab inventory>`` then behaves like
+    ``-i inventories/lab`` for the default lab.
+    """
+    repo = repo_lab_inventory_dir()
+    link = inventory.parent / "group_vars"
+    if repo is not None and (repo / "group_vars").is_dir() and not link.exists():
+        link.symlink_to(repo / "group_vars")
 
 
 def render(lab: LabInventory) -> str:

@@ -1,0 +1,139 @@
+"""Fixtures for tests that need real hosts: a gpufleet lab (systemd-nspawn hosts with SSH) per session.
+
+    def test_something(lab: RunningLab) -> None:
+        result = lab.playbook("site.yml", "--limit", "ray_head")   # ansible-playbook against the lab
+        assert result.returncode == 0, result.stdout
+        assert lab.ssh("node2", "systemctl is-active docker").stdout.strip() == "active"
+
+``lab`` is one OFFLINE lab of three hosts for the whole session (node1 = ray_head, node2 + node3 =
+ray_workers): hosts reach each other and this machine (``lab.inventory.bridge_ip``), nothing else, so no
+test can send traffic beyond loopback and the lab. Its name is ``pytest-<pid>`` so that two pytest runs
+on one machine never share hosts; labs of runs that died are removed at the next session start. Tests
+that need other hosts make their own ``Lab`` (see test_lab_cycle.py) and must ``down()`` it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gpufleet.lab import Lab, LabInventory
+from gpufleet.lab_sys import missing_prerequisites, state_root
+
+REPO = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+SESSION_LAB_NODES = 3
+OWNED_LAB = re.compile(r"^pytest(?:-[a-z]+)?-(\d+)$")  # pytest-<pid>, pytest-<purpose>-<pid>
+
+
+def lab_name(purpose: str = "") -> str:
+    """A lab name owned by this pytest process (cleaned up by a later session if this one dies)."""
+    return f"pytest-{purpose}-{os.getpid()}" if purpose else f"pytest-{os.getpid()}"
+
+
+def skip_unless_lab_possible() -> None:
+    problems = missing_prerequisites()
+    if problems:
+        pytest.skip("the lab cannot run here: " + " ".join(problems))
+
+
+def remove_orphaned_labs() -> None:
+    """Labs named by a pytest process that no longer exists: a crashed or killed earlier run."""
+    root = state_root()
+    for directory in root.iterdir() if root.is_dir() else []:
+        match = OWNED_LAB.match(directory.name)
+        if match and not Path(f"/proc/{match.group(1)}").exists():
+            Lab(directory.name).down()
+
+
+def ansible_env() -> dict[str, str]:
+    """Environment for ansible-playbook / molecule from this venv, with the repository's ansible.cfg."""
+    env = dict(os.environ)
+    env.update(
+        PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
+        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+        ANSIBLE_FORCE_COLOR="0",
+        ANSIBLE_NOCOLOR="1",
+        PY_COLORS="0",
+    )
+    return env
+
+
+@dataclass
+class RunningLab:
+    """A lab that is up: its ``Lab`` handle, where its hosts are, and helpers to reach them."""
+
+    lab: Lab
+    inventory: LabInventory
+
+    @property
+    def hosts(self) -> list[str]:
+        return [host.name for host in self.inventory.hosts]
+
+    def ssh(
+        self, host: str, command: str | Sequence[str], timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``command`` on ``host`` as root; never raises on a non-zero exit (check returncode)."""
+        return self.lab.ssh(host, command, timeout=timeout)
+
+    def playbook(
+        self, playbook: str | Path, *args: str, timeout: float = 900
+    ) -> subprocess.CompletedProcess[str]:
+        """ansible-playbook ``playbook`` (relative to the repository) against this lab's inventory.
+
+        Output (stdout and stderr together) is in ``.stdout``; assert on ``.returncode`` yourself.
+        """
+        argv = [
+            str(VENV_BIN / "ansible-playbook"),
+            "-i",
+            str(self.inventory.inventory),
+            str(REPO / playbook),
+            *args,
+        ]
+        return subprocess.run(
+            argv,
+            cwd=REPO,
+            env=ansible_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+
+@pytest.fixture(scope="session")
+def lab() -> Iterator[RunningLab]:
+    """One offline lab of three hosts for the session; torn down at the end, whatever the tests did."""
+    skip_unless_lab_possible()
+    remove_orphaned_labs()
+    handle = Lab(lab_name(), nodes=SESSION_LAB_NODES, offline=True)
+    try:
+        yield RunningLab(handle, handle.up())
+    finally:
+        handle.down()
+
+
+@pytest.fixture(scope="session")
+def ansible_playbook(lab: RunningLab) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """``ansible_playbook(path, *args) -> CompletedProcess``: run a playbook against the session lab."""
+    return lab.playbook
+
+
+@pytest.fixture
+def own_lab() -> Iterator[list[Lab]]:
+    """Labs a test creates itself: append each ``Lab`` and it is torn down after the test, pass or fail."""
+    skip_unless_lab_possible()
+    labs: list[Lab] = []
+    try:
+        yield labs
+    finally:
+        for handle in labs:
+            handle.down()
