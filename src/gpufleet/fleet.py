@@ -308,9 +308,13 @@ def _check_plan(fleet: FleetSpec, result: Validation) -> None:
     result.problems += problems
     if request is None:
         return
-    from gpufleet.planner import plan  # noqa: PLC0415
+    from gpufleet.planner import PlannerInputError, plan  # noqa: PLC0415
 
-    outcome = plan(request)
+    try:
+        outcome = plan(request)
+    except PlannerInputError as error:  # an architecture the planner does not model (MoE, MLA, vision)
+        result.warnings.append(f"the model's memory was not planned: {error}")
+        return
     for error in outcome.errors:
         result.problems.append(Problem("group gpu_nodes", "vllm_service_* (planner)", error,
                                        "a configuration vLLM accepts", "see `gpufleet plan -i INVENTORY`"))
