@@ -77,8 +77,9 @@ class LiveProgress:
             row.counts[outcome] = row.counts.get(outcome, 0) + 1
 
     def failed(self, failure: Failure) -> None:
+        label = "UNREACHABLE " if failure.unreachable else "FAILED "
         line = Text.assemble(
-            ("FAILED ", "bold red"), f"{failure.stage} · {failure.host} · {failure.task}: ", failure.message
+            (label, "bold red"), f"{failure.stage} · {failure.host} · {failure.task}: ", failure.message
         )
         self._live.console.print(line)
 

@@ -14,7 +14,7 @@ from rich.console import Console
 from gpufleet.commands import deploy as deploy_command
 from gpufleet.commands import status as status_command
 from gpufleet.commands import teardown as teardown_command
-from gpufleet.commands.deploy import exit_code
+from gpufleet.commands.deploy import exit_code, planned
 from gpufleet.progress import LiveProgress, print_deploy_report
 from gpufleet.report import DeployReport, StageResult
 from gpufleet.runner_events import StageRecorder
@@ -210,3 +210,21 @@ def test_an_interrupted_run_exits_130() -> None:
 
     assert exit_code(DeployReport(ok=False, stages=(stage,), failed_stage="nodes")) == 130
     assert exit_code(DeployReport(ok=True)) == 0
+
+
+def test_deploy_compares_vllms_facts_with_the_planners_prediction(make_inventory: InventoryFactory) -> None:
+    plan = planned(make_inventory())
+    assert plan is not None
+    facts = VllmFacts(
+        weights_gib=plan.weights_gib_per_gpu, kv_cache_tokens=int((plan.kv_cache_tokens or 0) * 2)
+    )
+
+    report = DeployReport(ok=True, vllm=facts).compared_with(plan)
+
+    assert len(report.warnings) == 1
+    assert report.warnings[0].startswith("vLLM start-up log: kv_cache_tokens: found ")
+    assert "(+100%)" in report.warnings[0]
+
+
+def test_no_plan_without_a_valid_inventory(tmp_path: Path) -> None:
+    assert planned(tmp_path / "nope") is None
