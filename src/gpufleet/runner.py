@@ -115,6 +115,8 @@ def deploy_specs(
     env_passthrough: Sequence[str] = (),
 ) -> list[RunSpec]:
     """The checked playbook runs of a deploy, in order; DeployError says what cannot work and the fix."""
+    inventory = _inventory(inventory)
+    names = select_stages(stages)
     variables = dict(extra_vars or {})
     if bundle is not None:
         variables["gpufleet_bundle_dir"] = str(_check_bundle(bundle, variables))
@@ -129,7 +131,7 @@ def deploy_specs(
             timeout=timeout,
             env_passthrough=env_passthrough,
         )
-        for name in select_stages(stages)
+        for name in names
     ]
 
 
@@ -146,7 +148,7 @@ def teardown(
     """Stop the services (``playbooks/teardown.yml``); images, models and packages stay."""
     spec = _spec(
         "teardown",
-        inventory=inventory,
+        inventory=_inventory(inventory),
         extravars=dict(extra_vars or {}),
         project_dir=project_dir,
         limit=limit,
@@ -174,7 +176,12 @@ def status(
 ) -> StatusReport:
     """Ray and vLLM as they run now (``playbooks/status.yml``, read-only)."""
     spec = _spec(
-        "status", inventory=inventory, extravars={}, project_dir=project_dir, limit=limit, timeout=timeout
+        "status",
+        inventory=_inventory(inventory),
+        extravars={},
+        project_dir=project_dir,
+        limit=limit,
+        timeout=timeout,
     )
     results, facts = run_stages([spec], progress, cancel)
     alive, expected = (
@@ -223,11 +230,6 @@ def _spec(
     timeout: int | None = None,
     env_passthrough: Sequence[str] = (),
 ) -> RunSpec:
-    if not inventory.exists():
-        raise DeployError(
-            f"inventory {inventory}: no such file or directory. "
-            "Fix: pass -i with your inventory file or directory (e.g. -i inventories/prod)"
-        )
     project = _project(project_dir)
     playbook = project / "playbooks" / f"{stage}.yml"
     if not playbook.is_file():
@@ -239,13 +241,22 @@ def _spec(
         stage=stage,
         project=project,
         playbook=playbook,
-        inventory=inventory.resolve(),
+        inventory=inventory,
         extravars=extravars,
         check=check,
         limit=limit,
         timeout=timeout,
         env_passthrough=tuple(env_passthrough),
     )
+
+
+def _inventory(inventory: Path) -> Path:
+    if not inventory.exists():
+        raise DeployError(
+            f"inventory {inventory}: no such file or directory. "
+            "Fix: pass -i with your inventory file or directory (e.g. -i inventories/prod)"
+        )
+    return inventory.resolve()
 
 
 def _project(project_dir: Path | None) -> Path:

@@ -43,6 +43,10 @@ _STAT_KEYS = {
     "ignored": "ignored",
 }
 _MESSAGE_LIMIT = 2000
+_STOPPED = {
+    "canceled": "canceled while running (interrupted)",
+    "timeout": "stopped: the stage ran past its timeout",
+}
 
 
 class ProgressSink(Protocol):
@@ -109,7 +113,7 @@ class StageRecorder:
             outcome = "changed"
         record = self._hosts.setdefault(host, _Host())
         record.add(outcome, data)
-        if outcome == "ok":
+        if outcome in ("ok", "changed"):
             for name, value in (res.get("ansible_facts") or {}).items():
                 if name in PUBLISHED_FACTS:
                     self.facts[name] = (host, value)
@@ -134,7 +138,7 @@ class StageRecorder:
         failures = tuple(f for name, host in sorted(self._hosts.items()) for f in self._final(name, host))
         error = None
         if status != "ok" and not failures:
-            error = self._error() or f"ansible-playbook ended with status {status} before any task failed"
+            error = _STOPPED.get(status) or self._error() or "ansible-playbook failed before any task ran"
         return StageResult(
             name=self.stage,
             status=status,
