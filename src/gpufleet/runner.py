@@ -8,14 +8,13 @@ allow-list, signals) lives in :mod:`gpufleet.runner_ansible`; events become resu
 
 Contract with the playbooks (what the report reads). A task publishes a fact for the report by setting it
 with ``ansible.builtin.set_fact`` (``cacheable`` or not) without ``no_log``; the report takes the last
-value set by any host:
+value set by any host in the run:
 
-- ``gpufleet_endpoint``: the OpenAI-compatible base URL, e.g. ``http://10.10.0.10:8000/v1`` (serve).
-- ``gpufleet_served_model``: the name /v1/models lists (serve, status).
-- ``gpufleet_vllm_log``: vLLM's start-up log of the running service, text or list of lines, at least the
-  lines :mod:`gpufleet.vllm_log` reads (serve, status); parsed here into :class:`VllmFacts`.
-- ``gpufleet_vllm_ready_seconds``: seconds from starting the service to /v1/models listing the model, as
-  the role measured it; replaces the figure read from the log (serve).
+- ``gpufleet_endpoint``: the OpenAI-compatible base URL, e.g. ``http://10.10.0.10:8000/v1`` (serve,
+  status).
+- ``gpufleet_vllm_facts``: a mapping with the fields of :class:`gpufleet.vllm_log.VllmFacts`, as the
+  ``gpufleet_vllm_facts`` filter (plugins/filter/gpufleet_vllm.py) makes from vLLM's start-up log, plus
+  ``served_model_name`` (serve, status). Other keys are ignored.
 - ``gpufleet_vllm_ready``: true when /v1/models lists the served model (status).
 - ``gpufleet_ray_nodes_alive``, ``gpufleet_ray_nodes_expected``, ``gpufleet_ray_gpus``: from ``ray
   status`` on the head and the inventory (status).
@@ -28,11 +27,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from gpufleet.paths import project_root
 from gpufleet.report import DeployReport, StatusReport
 from gpufleet.runner_ansible import Facts, RunSpec, run_stages
 from gpufleet.runner_events import ProgressSink
-from gpufleet.vllm_log import PlanFigures, VllmFacts, parse
+from gpufleet.vllm_log import PlanFigures, VllmFacts
 
 __all__ = [
     "STAGES",
@@ -96,7 +97,7 @@ def deploy(
         stages=tuple(results),
         failed_stage=failed,
         endpoint=_text(facts, "gpufleet_endpoint"),
-        served_model=_text(facts, "gpufleet_served_model"),
+        served_model=_served_model(facts),
         vllm=_vllm_facts(facts),
     )
     return report.compared_with(plan) if plan is not None else report
@@ -197,7 +198,7 @@ def status(
         ray_gpus=_number(facts, "gpufleet_ray_gpus"),
         vllm_ready=ready,
         endpoint=_text(facts, "gpufleet_endpoint"),
-        served_model=_text(facts, "gpufleet_served_model"),
+        served_model=_served_model(facts),
         vllm=_vllm_facts(facts),
         stage=results[0],
     )
@@ -305,12 +306,23 @@ def _validate(inventory: Path) -> None:
 
 
 def _vllm_facts(facts: Facts) -> VllmFacts | None:
-    log = facts.get("gpufleet_vllm_log", (None, None))[1]
-    if not isinstance(log, str | list):
+    published = _mapping(facts, "gpufleet_vllm_facts")
+    if published is None:
         return None
-    parsed = parse(log)
-    ready = _number(facts, "gpufleet_vllm_ready_seconds")
-    return parsed if ready is None else parsed.model_copy(update={"ready_seconds": ready})
+    try:
+        return VllmFacts.model_validate({k: v for k, v in published.items() if k in VllmFacts.model_fields})
+    except ValidationError:
+        return None
+
+
+def _served_model(facts: Facts) -> str | None:
+    name = (_mapping(facts, "gpufleet_vllm_facts") or {}).get("served_model_name")
+    return None if name is None else str(name)
+
+
+def _mapping(facts: Facts, name: str) -> Mapping[str, Any] | None:
+    value = facts.get(name, (None, None))[1]
+    return value if isinstance(value, Mapping) else None
 
 
 def _text(facts: Facts, name: str) -> str | None:

@@ -18,9 +18,7 @@ from gpufleet.report import Failure, HostResult, StageResult, StageStatus
 PUBLISHED_FACTS = frozenset(
     {
         "gpufleet_endpoint",
-        "gpufleet_served_model",
-        "gpufleet_vllm_log",
-        "gpufleet_vllm_ready_seconds",
+        "gpufleet_vllm_facts",
         "gpufleet_vllm_ready",
         "gpufleet_ray_nodes_alive",
         "gpufleet_ray_nodes_expected",

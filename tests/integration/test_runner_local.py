@@ -23,7 +23,8 @@ from gpufleet.runner import STAGES, deploy, status, teardown
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 SECRET = "sk-gpufleet-test-7f3a91"
-VLLM_LOG = Path(__file__).parents[1] / "unit" / "data" / "vllm_logs" / "v0.10.1_v1_debug_full.log"
+REPO = Path(__file__).parents[2]
+VLLM_LOG = REPO / "tests" / "unit" / "data" / "vllm_logs" / "v0.10.1_v1_debug_full.log"
 CENSORED = "the output has been hidden due to the fact that 'no_log: true' was specified for this result"
 
 PLAYBOOKS = {
@@ -83,12 +84,12 @@ PLAYBOOKS = {
       ansible.builtin.command: "echo {{ api_key }}"
       changed_when: false
       no_log: true
-    - name: Publish the endpoint and vLLM's start-up log for the run report
+    - name: Publish the endpoint and what vLLM reported at start-up (as roles/vllm_service does)
       ansible.builtin.set_fact:
         gpufleet_endpoint: "http://127.0.0.1:8000/v1"
-        gpufleet_served_model: tiny
-        gpufleet_vllm_log: "{{ lookup('ansible.builtin.file', vllm_log) }}"
-        gpufleet_vllm_ready_seconds: 42.5
+        gpufleet_vllm_facts: >-
+          {{ lookup('ansible.builtin.file', vllm_log) | gpufleet_vllm_facts(16)
+             | combine({'served_model_name': 'tiny', 'executor': 'mp'}) }}
         cacheable: true
 """,
     "verify": """
@@ -119,8 +120,7 @@ PLAYBOOKS = {
         gpufleet_ray_gpus: 0
         gpufleet_vllm_ready: true
         gpufleet_endpoint: "http://127.0.0.1:8000/v1"
-        gpufleet_served_model: tiny
-        gpufleet_vllm_log: "{{ lookup('ansible.builtin.file', vllm_log) }}"
+        gpufleet_vllm_facts: "{{ lookup('ansible.builtin.file', vllm_log) | gpufleet_vllm_facts }}"
 """,
     "teardown": """
 - name: Teardown (test)
@@ -139,7 +139,10 @@ def make_project(root: Path) -> Path:
     (root / "playbooks").mkdir(parents=True)
     (root / "roles").mkdir()
     (root / "site.yml").write_text("[]\n", encoding="utf-8")
-    (root / "ansible.cfg").write_text("[defaults]\ninterpreter_python = auto_silent\n", encoding="utf-8")
+    (root / "ansible.cfg").write_text(
+        f"[defaults]\ninterpreter_python = auto_silent\nfilter_plugins = {REPO / 'plugins' / 'filter'}\n",
+        encoding="utf-8",
+    )
     for name, text in PLAYBOOKS.items():
         (root / "playbooks" / f"{name}.yml").write_text(text.lstrip(), encoding="utf-8")
     return root
@@ -222,7 +225,7 @@ def test_a_deploy_runs_every_stage_in_order_and_reports_what_serve_published(
         1215552,
         9.27,
     )
-    assert report.vllm.ready_seconds == 42.5  # the role's own measurement wins over the log's
+    assert report.vllm.ready_seconds == 27.0
 
 
 def test_a_second_run_changes_nothing(two_deploys: tuple[DeployReport, DeployReport, Path]) -> None:

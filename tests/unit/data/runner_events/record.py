@@ -20,6 +20,7 @@ from typing import Any
 import ansible_runner
 
 HERE = Path(__file__).parent
+REPO = HERE.parents[3]
 SECRET = "s3cr3t-token-0042"
 PYTHON = sys.executable
 INVENTORY = f"""
@@ -29,7 +30,7 @@ node-b ansible_connection=local ansible_python_interpreter={PYTHON}
 [unreachable]
 node-c ansible_connection=ssh ansible_host=127.0.0.1 ansible_port=1 ansible_user=nobody
 """
-VLLM_LINE = "CPU KV cache size: 1,048,576 tokens, Maximum concurrency for 512 tokens per request: 2048.00x"
+VLLM_LOG = REPO / "tests" / "unit" / "data" / "vllm_logs" / "v0.32_cpu_merged_line.log"
 
 PLAYBOOKS = {
     # First run on a clean directory: one change per host, published facts, a no_log task, a skip.
@@ -51,12 +52,12 @@ PLAYBOOKS = {
       ansible.builtin.debug:
         msg: never
       when: false
-    - name: Publish the endpoint and vLLM's start-up log for the run report
+    - name: Publish the endpoint and what vLLM reported at start-up (as roles/vllm_service does)
       ansible.builtin.set_fact:
         gpufleet_endpoint: "http://10.0.0.1:8000/v1"
-        gpufleet_served_model: tiny
-        gpufleet_vllm_log: "{VLLM_LINE}"
-        gpufleet_vllm_ready_seconds: 31.5
+        gpufleet_vllm_facts: >-
+          {{{{ lookup('ansible.builtin.file', '{VLLM_LOG}') | gpufleet_vllm_facts(16)
+             | combine({{'served_model_name': 'tiny', 'executor': 'uni'}}) }}}}
         cacheable: true
       when: inventory_hostname == 'node-a'
 """,
@@ -128,7 +129,11 @@ def record(name: str, playbook: str, work: Path) -> list[dict[str, Any]]:
             playbook=f"playbooks/{name}.yml",
             inventory=str(inventory),
             extravars={"marker_dir": str(work)},
-            envvars={"ANSIBLE_NOCOLOR": "1", "PATH": f"{Path(PYTHON).parent}:{os.environ['PATH']}"},
+            envvars={
+                "ANSIBLE_NOCOLOR": "1",
+                "ANSIBLE_FILTER_PLUGINS": str(REPO / "plugins" / "filter"),
+                "PATH": f"{Path(PYTHON).parent}:{os.environ['PATH']}",
+            },
             quiet=True,
             json_mode=True,
             event_handler=keep,
