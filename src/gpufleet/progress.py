@@ -20,6 +20,15 @@ from gpufleet.report import DeployReport, Failure, StageResult, StatusReport
 from gpufleet.vllm_log import VllmFacts
 
 _STYLE = {"ok": "green", "failed": "bold red", "canceled": "yellow", "timeout": "yellow", "running": "cyan"}
+# Live counts follow Ansible's recap: changed and ignored-failed results are also "ok".
+_COUNTED_AS = {
+    "ok": ("ok",),
+    "changed": ("ok", "changed"),
+    "ignored": ("ok",),
+    "failed": ("failed",),
+    "unreachable": ("failed",),
+    "skipped": ("skipped",),
+}
 _FACTS = (
     ("weights_gib", "weights per GPU", "{:.2f} GiB"),
     ("kv_cache_gib", "KV-cache memory per GPU", "{:.2f} GiB"),
@@ -74,7 +83,8 @@ class LiveProgress:
     def task_done(self, stage: str, host: str, outcome: str) -> None:
         with self._lock:
             row = self._rows.setdefault((stage, host), _Row(stage, host))
-            row.counts[outcome] = row.counts.get(outcome, 0) + 1
+            for column in _COUNTED_AS.get(outcome, ()):
+                row.counts[column] = row.counts.get(column, 0) + 1
 
     def failed(self, failure: Failure) -> None:
         label = "UNREACHABLE " if failure.unreachable else "FAILED "
@@ -95,11 +105,8 @@ class LiveProgress:
                     "failed": host.failed + host.unreachable,
                     "skipped": host.skipped,
                 }
-                row.state, row.ended, row.task = (
-                    ("failed" if host.failed or host.unreachable else "ok"),
-                    now,
-                    "",
-                )
+                row.state = "failed" if host.failed or host.unreachable else result.status
+                row.ended, row.task = now, ""
             if not result.hosts:
                 self._rows[(result.name, "")] = _Row(
                     result.name, "", ended=now, state=result.status, task=result.error or "no host matched"
@@ -108,7 +115,9 @@ class LiveProgress:
     def _render(self) -> RenderableType:
         table = Table(box=None, pad_edge=False, header_style="bold")
         for column in ("stage", "host", "task", "elapsed", "ok", "changed", "failed", "skipped", "state"):
-            table.add_column(column, justify="right" if column in ("elapsed", "ok", "changed") else "left")
+            table.add_column(
+                column, justify="left" if column in ("stage", "host", "task", "state") else "right"
+            )
         now = time.monotonic()
         with self._lock:
             for row in self._rows.values():
