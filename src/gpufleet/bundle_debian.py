@@ -43,19 +43,23 @@ def describe(suite: str, packages: Mapping[str, str]) -> str:
 class Apt:
     """apt-get with a private configuration for one mirror + suite."""
 
-    def __init__(self, ctx: BuildContext, mirror: str, suite: str, components: list[str]) -> None:
+    def __init__(
+        self, ctx: BuildContext, mirror: str, suite: str, components: list[str], status: Path | None = None
+    ) -> None:
+        """``status``: a dpkg status file of the target (default: empty, i.e. download for a bare system)."""
         self.root = ctx.work / "apt" / suite
         self.what = f"debian:{suite}"
         (self.root / "lists" / "partial").mkdir(parents=True, exist_ok=True)
         (self.root / "archives" / "partial").mkdir(parents=True, exist_ok=True)
         (self.root / "status").touch()
+        status = status or self.root / "status"
         line = f"deb [signed-by={KEYRING}] {mirror} {suite} {' '.join(components)}\n"
         (self.root / "sources.list").write_text(line)
         self.options = [
             f"-oDir::Etc::SourceList={self.root / 'sources.list'}",
             "-oDir::Etc::SourceParts=/nonexistent",
             f"-oDir::State::Lists={self.root / 'lists'}",
-            f"-oDir::State::status={self.root / 'status'}",
+            f"-oDir::State::status={status}",
             f"-oDir::Cache={self.root / 'cache'}",
             f"-oDir::Cache::archives={self.root / 'archives'}",
             "-oAPT::Architecture=amd64",
@@ -70,9 +74,9 @@ class Apt:
             self._updated = True
 
     def download(self, packages: Mapping[str, str], dest: Path, *, with_dependencies: bool) -> list[Path]:
-        """Download pinned packages (and, if asked, everything they need on an empty system) to ``dest``."""
+        """Download packages (version "" = the candidate) and, if asked, what the target lacks for them."""
         self.update()
-        pins = [f"{name}={version}" for name, version in sorted(packages.items())]
+        pins = [f"{name}={version}" if version else name for name, version in sorted(packages.items())]
         dest.mkdir(parents=True, exist_ok=True)
         if with_dependencies:
             run(
