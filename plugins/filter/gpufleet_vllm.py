@@ -1,4 +1,4 @@
-"""Ansible filter ``gpufleet_vllm_facts``: vLLM's start-up log -> its facts, parsed by :mod:`gpufleet.vllm_log`.
+"""Ansible filter ``gpufleet_vllm_facts``: vLLM's start-up log -> its facts (:mod:`gpufleet.vllm_log`).
 
 A thin adapter so that roles and the Python runner read the log the same way.
 """

@@ -93,6 +93,7 @@ class BuiltImage:
     tag: str
     image_id: str
     size: int
+    sha256: str  # of the tarball: what a bundle lock or image_distribution pins
     diff_ids: tuple[str, ...]
     seconds: dict[str, float]
 
@@ -369,8 +370,23 @@ def build(spec: ImageSpec, cache: Path | None = None, keep_rootfs: bool = False)
         if not dest.exists():
             dest.parent.mkdir(parents=True, exist_ok=True)
             write_archive(dest, spec.tag, config, [base, venv])
+        digest = archive_sha256(dest)
         seconds["total"] = time.monotonic() - start
-    return BuiltImage(dest, spec.tag, image_id, dest.stat().st_size, (base.diff_id, venv.diff_id), seconds)
+    size = dest.stat().st_size
+    return BuiltImage(dest, spec.tag, image_id, size, digest, (base.diff_id, venv.diff_id), seconds)
+
+
+def archive_sha256(archive: Path) -> str:
+    """The tarball's sha256, computed once and kept beside it."""
+    record = archive.with_suffix(".sha256")
+    if record.exists():
+        return record.read_text(encoding="utf-8").strip()
+    digest = hashlib.sha256()
+    with archive.open("rb") as handle:
+        while chunk := handle.read(1 << 22):
+            digest.update(chunk)
+    record.write_text(digest.hexdigest() + "\n", encoding="utf-8")
+    return digest.hexdigest()
 
 
 def publish(image: BuiltImage, output: Path) -> None:

@@ -1,0 +1,86 @@
+"""The serving roles on the lab, through their Molecule scenarios: `ray_cluster` (Ray head + 2 workers in
+containers of the CPU serving image) and `vllm_service` (vLLM's CPU build serving the tiny model in the
+head's container). Each scenario: prepare (Docker, the image, the model) -> check -> converge ->
+idempotence -> testinfra verify -> destroy, on three offline lab hosts.
+
+The image is built (or found in ~/.cache/gpufleet/serving-image) once here and handed to both scenarios.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+from conftest import REPO, VENV_BIN, ansible_env, skip_unless_lab_possible
+
+from gpufleet.lab_state import load
+from gpufleet.serving_image import DEFAULT_SPEC, BuiltImage, ImageSpec, build
+
+pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.timeout(3600)]
+
+ACTIONS = ("prepare", "check", "converge", "idempotence", "verify", "destroy")
+MOLECULE_TIMEOUT = 1800
+
+
+@pytest.fixture(scope="module")
+def serving_image() -> BuiltImage:
+    skip_unless_lab_possible()
+    return build(ImageSpec.load(DEFAULT_SPEC))
+
+
+@pytest.fixture(scope="module")
+def api_key_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    path = tmp_path_factory.mktemp("serving") / "gpufleet.apikey"
+    yield path
+    path.unlink(missing_ok=True)
+
+
+def molecule(
+    scenario: str, image: BuiltImage, key_file: Path
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    env = ansible_env()
+    del env["ANSIBLE_CONFIG"]  # Molecule writes and uses its own ansible.cfg
+    record = asdict(image) | {"path": str(image.path)}
+    env.update(GPUFLEET_SERVING_IMAGE=json.dumps(record), GPUFLEET_TEST_API_KEY_FILE=str(key_file))
+    start = time.monotonic()
+    result = subprocess.run(
+        [str(VENV_BIN / "molecule"), "test", "--scenario-name", scenario],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=MOLECULE_TIMEOUT,
+        check=False,
+    )
+    return result, time.monotonic() - start
+
+
+def assert_scenario_passed(scenario: str, result: subprocess.CompletedProcess[str]) -> None:
+    tail = result.stdout[-8000:]
+    assert result.returncode == 0, tail
+    for action in ACTIONS:  # idempotence fails by itself on any changed task of the second converge
+        assert f"{scenario} ➜ {action}: Executed: Successful" in result.stdout, tail
+    assert load(f"molecule-{scenario}") is None, "destroy left the lab up"
+
+
+def test_ray_cluster_scenario_passes(serving_image: BuiltImage, api_key_file: Path) -> None:
+    result, seconds = molecule("ray_cluster", serving_image, api_key_file)
+    print(f"ray_cluster scenario: {seconds:.0f} s")
+    assert_scenario_passed("ray_cluster", result)
+
+
+def test_vllm_service_scenario_passes_and_never_shows_the_key(
+    serving_image: BuiltImage, api_key_file: Path
+) -> None:
+    result, seconds = molecule("vllm_service", serving_image, api_key_file)
+    print(f"vllm_service scenario: {seconds:.0f} s")
+    assert_scenario_passed("vllm_service", result)
+    key = api_key_file.read_text(encoding="utf-8").strip()
+    assert len(key) >= 43
+    assert key not in result.stdout, "the API key appeared in Ansible's output"
