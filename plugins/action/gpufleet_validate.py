@@ -45,7 +45,9 @@ class ActionModule(ActionBase):  # type: ignore[misc]
         result.update(changed=False, problems=problems, warnings_found=warnings, inventories=sources)
         if problems:
             result["failed"] = True
-            result["msg"] = "the inventory is not valid; nothing was changed on any host:\n" + "\n".join(problems)
+            result["msg"] = "the inventory is not valid; nothing was changed on any host:\n" + "\n".join(
+                problems
+            )
         else:
             result["msg"] = f"inventory valid ({', '.join(sources)})"
         return result

@@ -10,6 +10,7 @@ import argparse
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,8 @@ from gpufleet.paths import project_root
 FLEET_VARIABLE_DOCS: dict[str, str] = {
     "gpufleet_node_ip": "host: the node's cluster-network address (Ray, NCCL, Gloo, VLLM_HOST_IP). Required.",
     "gpufleet_nic": "host: the interface carrying gpufleet_node_ip (NCCL/GLOO_SOCKET_IFNAME). Required.",
-    "gpufleet_gpu": "host: false on hosts without GPUs (the lab): GPU-only steps report and skip. Default true.",
+    "gpufleet_gpu": "host: false on hosts without GPUs (the lab): GPU-only steps report and skip. "
+    "Default true.",
     "gpufleet_gpu_count": "host: GPUs the host is expected to have. Default 1.",
     "gpufleet_gpu_model": "host: GPU model as nvidia-smi names it, e.g. `NVIDIA H800`.",
     "gpufleet_gpu_memory_gib": "host: memory of one GPU in GiB as CUDA reports it (default: from the model).",
@@ -55,8 +57,13 @@ def variables_section(root: Path) -> str:
         documented = [name for name in options if name not in VARIABLES]
         if not documented:
             continue
-        lines += ["", f"Role [`{role}`](roles/{role}/README.md):", "",
-                  "| variable | default | meaning |", "| --- | --- | --- |"]
+        lines += [
+            "",
+            f"Role [`{role}`](roles/{role}/README.md):",
+            "",
+            "| variable | default | meaning |",
+            "| --- | --- | --- |",
+        ]
         for name in documented:
             option = options[name] or {}
             description = " ".join(_as_list(option.get("description", "")))
@@ -95,8 +102,12 @@ def _help(parser: argparse.ArgumentParser) -> str:
 def render(readme: str, root: Path) -> str:
     for marker, body in (("VARIABLES", variables_section(root)), ("CLI", cli_section())):
         pattern = re.compile(rf"(<!-- BEGIN {marker} -->\n).*?(<!-- END {marker} -->)", re.S)
-        readme = pattern.sub(lambda m, b=body: f"{m.group(1)}{b}\n{m.group(2)}", readme)
+        readme = pattern.sub(_replacement(body), readme)
     return readme
+
+
+def _replacement(body: str) -> Callable[[re.Match[str]], str]:
+    return lambda match: f"{match.group(1)}{body}\n{match.group(2)}"
 
 
 def main() -> int:

@@ -79,25 +79,50 @@ def validate_inventory(path: Path) -> Validation:
 def _gpu_nodes(raw: RawInventory, result: Validation) -> list[RawHost]:
     heads = raw.members("ray_head")
     if not heads:
-        result.problems.append(Problem("group ray_head", "hosts", "no host", "exactly one host (the Ray head)",
-                                       "add one host of gpu_nodes to group ray_head"))
+        result.problems.append(
+            Problem(
+                "group ray_head",
+                "hosts",
+                "no host",
+                "exactly one host (the Ray head)",
+                "add one host of gpu_nodes to group ray_head",
+            )
+        )
     elif len(heads) > 1:
         names = ", ".join(host.name for host in heads)
-        result.problems.append(Problem("group ray_head", "hosts", f"{len(heads)} hosts ({names})",
-                                       "exactly one host", "keep one head and move the others to ray_workers"))
+        result.problems.append(
+            Problem(
+                "group ray_head",
+                "hosts",
+                f"{len(heads)} hosts ({names})",
+                "exactly one host",
+                "keep one head and move the others to ray_workers",
+            )
+        )
     for host in raw.hosts:
         if {"ray_head", "ray_workers"} <= host.groups:
-            result.problems.append(Problem(f"host {host.name}", "groups", "in ray_head and in ray_workers",
-                                           "in one of them", "remove it from ray_workers"))
+            result.problems.append(
+                Problem(
+                    f"host {host.name}",
+                    "groups",
+                    "in ray_head and in ray_workers",
+                    "in one of them",
+                    "remove it from ray_workers",
+                )
+            )
         in_ray = bool({"ray_head", "ray_workers"} & host.groups)
         if in_ray != ("gpu_nodes" in host.groups):
             found = "in a ray group but not in gpu_nodes" if in_ray else "in gpu_nodes but in no ray group"
-            result.problems.append(Problem(f"host {host.name}", "groups", found,
-                                           "gpu_nodes with ray_head or ray_workers", GROUP_FIX))
+            result.problems.append(
+                Problem(
+                    f"host {host.name}", "groups", found, "gpu_nodes with ray_head or ray_workers", GROUP_FIX
+                )
+            )
     nodes = raw.members("gpu_nodes")
     if not nodes:
-        result.problems.append(Problem(str(raw.path), "gpu_nodes", "no hosts in group gpu_nodes",
-                                       "at least one host", GROUP_FIX))
+        result.problems.append(
+            Problem(str(raw.path), "gpu_nodes", "no hosts in group gpu_nodes", "at least one host", GROUP_FIX)
+        )
     return nodes
 
 
@@ -113,13 +138,19 @@ def _unknown_variables(host: RawHost, roles: Mapping[str, str]) -> Iterator[Prob
             continue
         owned = name.startswith(prefixes)
         close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6 if owned else 0.85)
-        close = close or [known_name for known_name in sorted(known) if _unprefixed(known_name, prefixes) == name]
+        close = close or [
+            known_name for known_name in sorted(known) if _unprefixed(known_name, prefixes) == name
+        ]
         if not owned and not close:
             continue  # the user's own variable, in no namespace of ours
         hint = f"did you mean {close[0]}? " if close else ""
-        yield Problem(f"host {host.name}", name, "a variable gpufleet does not know",
-                      "a variable listed in the README's inventory reference",
-                      f"{hint}Rename or remove it (a misspelt setting would otherwise be ignored)")
+        yield Problem(
+            f"host {host.name}",
+            name,
+            "a variable gpufleet does not know",
+            "a variable listed in the README's inventory reference",
+            f"{hint}Rename or remove it (a misspelt setting would otherwise be ignored)",
+        )
 
 
 def _unprefixed(name: str, prefixes: tuple[str, ...]) -> str | None:
@@ -140,17 +171,24 @@ def _fleet_wide_differences(nodes: list[RawHost], roles: Mapping[str, str]) -> I
         values = {host.name: host.variables.get(name) for host in nodes if name in host.variables}
         if len({repr(value) for value in values.values()}) > 1:
             found = ", ".join(f"{value!r} on {host}" for host, value in values.items())
-            yield Problem("group gpu_nodes", name, found, "one value on every node (no version skew)",
-                          f"set {name} once, in group_vars/gpu_nodes.yml, and remove the per-host values")
+            yield Problem(
+                "group gpu_nodes",
+                name,
+                found,
+                "one value on every node (no version skew)",
+                f"set {name} once, in group_vars/gpu_nodes.yml, and remove the per-host values",
+            )
 
 
 def _section(host: RawHost, section: str) -> dict[str, Any]:
-    return {var.field: host.variables[name] for name, var in VARIABLES.items()
-            if var.section == section and name in host.variables}
+    return {
+        var.field: host.variables[name]
+        for name, var in VARIABLES.items()
+        if var.section == section and name in host.variables
+    }
 
 
-def _build(model: type[BaseModel], data: dict[str, Any], section: str, where: str,
-           result: Validation) -> Any:
+def _build(model: type[BaseModel], data: dict[str, Any], section: str, where: str, result: Validation) -> Any:
     try:
         return model.model_validate(data)
     except ValidationError as error:
@@ -170,8 +208,13 @@ def _problem_from_pydantic(detail: Mapping[str, Any], section: str, where: str) 
     field_name = str(detail["loc"][0]) if detail["loc"] else ""
     variable = _variable_for(section, field_name)
     if detail["type"] == "missing":
-        return Problem(where, variable, "nothing (the variable is not set)", "a value",
-                       f"set {variable} (see the README's inventory reference)")
+        return Problem(
+            where,
+            variable,
+            "nothing (the variable is not set)",
+            "a value",
+            f"set {variable} (see the README's inventory reference)",
+        )
     expected = str(detail["msg"]).removeprefix("Value error, ")
     expected = expected[0].lower() + expected[1:] if expected else expected
     return Problem(where, variable, repr(detail.get("input")), expected, f"set {variable} to a valid value")
@@ -187,12 +230,17 @@ def _build_node(host: RawHost, result: Validation) -> NodeSpec | None:
         "gpus": gpus or GpuSpec(),
     }
     node: NodeSpec | None = _build(NodeSpec, node_data, "node", where, result)
-    if node is not None and gpus is not None and node.gpu and node.gpus.count > 0:
-        if gpu_memory_gib(node.gpus) is None:
-            result.problems.append(Problem(
-                where, "gpufleet_gpu_memory_gib", f"GPU model {node.gpus.model!r} with no memory size",
+    needs_memory = node is not None and gpus is not None and node.gpu and node.gpus.count > 0
+    if needs_memory and node is not None and gpu_memory_gib(node.gpus) is None:
+        result.problems.append(
+            Problem(
+                where,
+                "gpufleet_gpu_memory_gib",
+                f"GPU model {node.gpus.model!r} with no memory size",
                 "the memory of one GPU in GiB, as CUDA reports it",
-                "set gpufleet_gpu_memory_gib (nvidia-smi --query-gpu=memory.total shows MiB)"))
+                "set gpufleet_gpu_memory_gib (nvidia-smi --query-gpu=memory.total shows MiB)",
+            )
+        )
     return node if gpus is not None else None
 
 
@@ -206,8 +254,13 @@ def _build_fleet(raw: RawInventory, hosts: list[RawHost], result: Validation) ->
     if result.problems or model is None or serving is None or None in nodes:
         return None
     try:
-        return FleetSpec(nodes=tuple(n for n in nodes if n is not None), model=model, serving=serving,
-                         bundle_dir=Path(bundle) if bundle else None, inventory=raw.path)
+        return FleetSpec(
+            nodes=tuple(n for n in nodes if n is not None),
+            model=model,
+            serving=serving,
+            bundle_dir=Path(bundle) if bundle else None,
+            inventory=raw.path,
+        )
     except ValidationError:
         return None  # the group checks above already said why (no head, several heads)
 
@@ -218,34 +271,46 @@ def _duplicates(nodes: list[NodeSpec]) -> Iterator[Problem]:
         for node in nodes:
             value = str(getattr(node, attribute))
             if value in seen:
-                yield Problem(f"hosts {seen[value]} and {node.name}", variable, f"{value} on both",
-                              "a different address for each host",
-                              f"give each host its own {variable} (two names for one machine?)")
+                yield Problem(
+                    f"hosts {seen[value]} and {node.name}",
+                    variable,
+                    f"{value} on both",
+                    "a different address for each host",
+                    f"give each host its own {variable} (two names for one machine?)",
+                )
             seen.setdefault(value, node.name)
 
 
 def _check_parallelism(fleet: FleetSpec, result: Validation) -> None:
     gpu_nodes = [node for node in fleet.nodes if node.gpu]
     if not gpu_nodes:
-        result.warnings.append("no node has gpufleet_gpu: true (a lab): GPU counts and memory are not planned")
+        result.warnings.append(
+            "no node has gpufleet_gpu: true (a lab): GPU counts and memory are not planned"
+        )
         return
     serving = fleet.serving
     declared = ", ".join(f"{node.name}: {node.gpus.count}" for node in gpu_nodes)
     total = sum(node.gpus.count for node in gpu_nodes)
     if serving.world_size != total:
-        result.problems.append(Problem(
-            "group gpu_nodes", "vllm_service_tensor_parallel_size x vllm_service_pipeline_parallel_size",
-            f"{serving.tensor_parallel_size} x {serving.pipeline_parallel_size} = {serving.world_size} GPUs",
-            f"the {total} GPUs the inventory declares ({declared})",
-            "make tensor x pipeline parallel size equal the GPU count (commonly TP = GPUs per node, "
-            "PP = nodes), or correct gpufleet_gpu_count"))
+        result.problems.append(
+            Problem(
+                "group gpu_nodes",
+                "vllm_service_tensor_parallel_size x vllm_service_pipeline_parallel_size",
+                f"{serving.tensor_parallel_size} x {serving.pipeline_parallel_size} = "
+                f"{serving.world_size} GPUs",
+                f"the {total} GPUs the inventory declares ({declared})",
+                "make tensor x pipeline parallel size equal the GPU count (commonly TP = GPUs per node, "
+                "PP = nodes), or correct gpufleet_gpu_count",
+            )
+        )
         return
     per_node = max(node.gpus.count for node in gpu_nodes)
     if serving.tensor_parallel_size > per_node and len(gpu_nodes) > 1:
         result.warnings.append(
             f"tensor parallelism spans nodes (TP={serving.tensor_parallel_size}, at most {per_node} GPU(s) "
             f"per node): every layer's all-reduce crosses the network; TP={per_node} with "
-            f"PP={serving.world_size // per_node} is usually faster")
+            f"PP={serving.world_size // per_node} is usually faster"
+        )
 
 
 def node_gpu_memory(fleet: FleetSpec) -> list[tuple[str, float]]:
@@ -272,21 +337,33 @@ def model_config_path(fleet: FleetSpec) -> Path | None:
     return config
 
 
-
 def plan_request(fleet: FleetSpec) -> tuple[PlanRequest | None, list[Problem]]:
     """The planner's input for a fleet, or the problems that keep it from being planned."""
     from gpufleet.planner import GpuDevice, PlannerInputError, PlanRequest, load_model_config  # noqa: PLC0415
 
     config_path = model_config_path(fleet)
     if config_path is None:
-        return None, [Problem("group gpu_nodes", "gpufleet_model_config", "not set",
-                              "the path of the model's config.json on this machine",
-                              "set gpufleet_model_config (a copy of the model's config.json is enough)")]
+        return None, [
+            Problem(
+                "group gpu_nodes",
+                "gpufleet_model_config",
+                "not set",
+                "the path of the model's config.json on this machine",
+                "set gpufleet_model_config (a copy of the model's config.json is enough)",
+            )
+        ]
     try:
         hf_config = load_model_config(config_path)
     except PlannerInputError as error:
-        return None, [Problem("group gpu_nodes", "gpufleet_model_config", str(config_path), "a readable "
-                              "config.json", f"{error}; point gpufleet_model_config at the model's config.json")]
+        return None, [
+            Problem(
+                "group gpu_nodes",
+                "gpufleet_model_config",
+                str(config_path),
+                "a readable config.json",
+                f"{error}; point gpufleet_model_config at the model's config.json",
+            )
+        ]
     devices = node_gpu_memory(fleet)
     if not devices:
         return None, []
@@ -301,8 +378,10 @@ def plan_request(fleet: FleetSpec) -> tuple[PlanRequest | None, list[Problem]]:
 
 def _check_plan(fleet: FleetSpec, result: Validation) -> None:
     if model_config_path(fleet) is None:
-        result.warnings.append("gpufleet_model_config is not set: the model's memory was not planned "
-                               "(point it at a copy of the model's config.json)")
+        result.warnings.append(
+            "gpufleet_model_config is not set: the model's memory was not planned "
+            "(point it at a copy of the model's config.json)"
+        )
         return
     request, problems = plan_request(fleet)
     result.problems += problems
@@ -312,10 +391,17 @@ def _check_plan(fleet: FleetSpec, result: Validation) -> None:
 
     try:
         outcome = plan(request)
-    except PlannerInputError as error:  # an architecture the planner does not model (MoE, MLA, vision)
-        result.warnings.append(f"the model's memory was not planned: {error}")
+    except PlannerInputError as unmodelled:  # an architecture the planner does not model (MoE, MLA, vision)
+        result.warnings.append(f"the model's memory was not planned: {unmodelled}")
         return
     for error in outcome.errors:
-        result.problems.append(Problem("group gpu_nodes", "vllm_service_* (planner)", error,
-                                       "a configuration vLLM accepts", "see `gpufleet plan -i INVENTORY`"))
+        result.problems.append(
+            Problem(
+                "group gpu_nodes",
+                "vllm_service_* (planner)",
+                error,
+                "a configuration vLLM accepts",
+                "see `gpufleet plan -i INVENTORY`",
+            )
+        )
     result.warnings += outcome.warnings

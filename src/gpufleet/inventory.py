@@ -62,8 +62,15 @@ def read_inventory(path: Path) -> RawInventory:
     """Load an inventory file or directory; raises InventoryError when it cannot be read at all."""
     if not path.exists():
         raise InventoryError(
-            [Problem(str(path), "-i", "no such file or directory", "an inventory file or directory",
-                     "pass the path of your inventory, e.g. -i inventories/prod")]
+            [
+                Problem(
+                    str(path),
+                    "-i",
+                    "no such file or directory",
+                    "an inventory file or directory",
+                    "pass the path of your inventory, e.g. -i inventories/prod",
+                )
+            ]
         )
     duplicates = list(_duplicate_keys(path))
     hosts, problems = _load_with_ansible(path)
@@ -89,8 +96,15 @@ def _load_with_ansible(path: Path) -> tuple[list[RawHost], list[Problem]]:
     except AnsibleError as error:
         first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise InventoryError(
-            [Problem(str(path), "-i", first_line, "an Ansible inventory (YAML or INI)",
-                     "fix the syntax; `ansible-inventory -i PATH --list` shows Ansible's own view")]
+            [
+                Problem(
+                    str(path),
+                    "-i",
+                    first_line,
+                    "an Ansible inventory (YAML or INI)",
+                    "fix the syntax; `ansible-inventory -i PATH --list` shows Ansible's own view",
+                )
+            ]
         ) from None
     hosts: list[RawHost] = []
     problems: list[Problem] = []
@@ -119,8 +133,15 @@ def _render(host: str, resolved: Mapping[str, Any], loader: Any) -> tuple[dict[s
             rendered[name] = plain(templar.template(value))
         except AnsibleError as error:
             message = str(error).splitlines()[0]
-            problems.append(Problem(f"host {host}", name, repr(plain(value)), "a template that renders",
-                                    f"fix the template ({message})"))
+            problems.append(
+                Problem(
+                    f"host {host}",
+                    name,
+                    repr(plain(value)),
+                    "a template that renders",
+                    f"fix the template ({message})",
+                )
+            )
     return rendered, problems
 
 
@@ -128,12 +149,9 @@ def plain(value: Any) -> Any:
     """Ansible 2.19 tags values with their origin (str/int subclasses); strip to plain Python types."""
     if isinstance(value, bool) or value is None:
         return value
-    if isinstance(value, str):
-        return str(value)
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        return float(value)
+    for scalar in (str, int, float):
+        if isinstance(value, scalar):
+            return scalar(value)
     if isinstance(value, Mapping):
         return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, Iterable):
@@ -150,7 +168,7 @@ class _DuplicateKeyLoader(yaml.SafeLoader):
 def _construct_mapping(loader: _DuplicateKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
     seen: set[Any] = set()
     for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+        key = loader.construct_object(key_node, deep=deep)
         if isinstance(key, str) and key in seen:
             loader.duplicates.append((key, key_node.start_mark.line + 1))
         seen.add(key)
@@ -180,10 +198,15 @@ def _duplicate_keys(path: Path) -> Iterator[Problem]:
         except yaml.YAMLError:
             continue  # Ansible's parser reports syntax errors with its own context
         finally:
-            loader.dispose()  # type: ignore[no-untyped-call]
+            loader.dispose()
         for key, line in loader.duplicates:
-            yield Problem(f"{file}:{line}", key, "defined twice in one mapping", "each host or variable once",
-                          "remove or rename one of them (Ansible keeps only the last and says nothing more)")
+            yield Problem(
+                f"{file}:{line}",
+                key,
+                "defined twice in one mapping",
+                "each host or variable once",
+                "remove or rename one of them (Ansible keeps only the last and says nothing more)",
+            )
 
 
 def load_fleet(path: Path) -> FleetSpec:

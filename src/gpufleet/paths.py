@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def project_root() -> Path | None:
-    """The directory holding site.yml and roles/: ``$GPUFLEET_HOME``, else the checkout this package runs from."""
+    """The directory holding site.yml and roles/: ``$GPUFLEET_HOME``, else this package's checkout."""
     candidates = []
     if home := os.environ.get("GPUFLEET_HOME"):
         candidates.append(Path(home))

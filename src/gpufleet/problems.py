@@ -30,7 +30,9 @@ def merged(problems: Sequence[Problem]) -> list[Problem]:
     """One line for a problem that several hosts share (a bad group variable shows on every host)."""
     groups: dict[tuple[str, str, str, str], list[str]] = {}
     for problem in problems:
-        groups.setdefault((problem.variable, problem.found, problem.expected, problem.fix), []).append(problem.where)
+        groups.setdefault((problem.variable, problem.found, problem.expected, problem.fix), []).append(
+            problem.where
+        )
     result = []
     for (variable, found, expected, fix), wheres in groups.items():
         unique = list(dict.fromkeys(wheres))

@@ -18,9 +18,20 @@ def run_validate_tag(inventory: Path) -> subprocess.CompletedProcess[str]:
     # Only the delegated validation task runs (tag `validate`): no host is contacted.
     env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
     return subprocess.run(
-        [str(ANSIBLE_PLAYBOOK), str(REPO / "playbooks" / "preflight.yml"), "-i", str(inventory),
-         "--tags", "validate"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False,
+        [
+            str(ANSIBLE_PLAYBOOK),
+            str(REPO / "playbooks" / "preflight.yml"),
+            "-i",
+            str(inventory),
+            "--tags",
+            "validate",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
 
 
@@ -34,7 +45,9 @@ def test_valid_inventory_passes_preflight_validation() -> None:
 
 @pytest.mark.slow
 def test_invalid_inventory_stops_the_play_with_every_problem(make_inventory: InventoryFactory) -> None:
-    result = run_validate_tag(make_inventory(group_vars={"vllm_service_port": 0, "vllm_service_dtype": "bf16"}))
+    result = run_validate_tag(
+        make_inventory(group_vars={"vllm_service_port": 0, "vllm_service_dtype": "bf16"})
+    )
     assert result.returncode != 0
     assert "nothing was changed on any host" in result.stdout
     assert "vllm_service_port: found 0" in result.stdout

@@ -54,7 +54,9 @@ def test_every_option_has_a_description(role: str) -> None:
         assert (option or {}).get("description"), f"roles/{role}: {name} has no description"
 
 
-@pytest.mark.skipif(not (REPO / "roles/vllm_service").is_dir(), reason="the vllm_service role is not here yet")
+@pytest.mark.skipif(
+    not (REPO / "roles/vllm_service").is_dir(), reason="the vllm_service role is not here yet"
+)
 def test_serving_model_matches_the_vllm_service_role() -> None:
     options = spec_options("vllm_service")
     for field_name, info in ServingSpec.model_fields.items():

@@ -133,8 +133,9 @@ def test_missing_nic(make_inventory: InventoryFactory) -> None:
         ("gpu_memory_utilization", "vllm_service_gpu_memory_utilization"),
     ],
 )
-def test_unknown_variable_suggests_the_known_one(make_inventory: InventoryFactory, typo: str,
-                                                  suggestion: str) -> None:
+def test_unknown_variable_suggests_the_known_one(
+    make_inventory: InventoryFactory, typo: str, suggestion: str
+) -> None:
     def add_typo(hosts: dict[str, Any]) -> None:
         head_vars(hosts)[typo] = 1
 
@@ -161,7 +162,9 @@ def test_users_own_variables_are_left_alone(make_inventory: InventoryFactory) ->
         ("gpufleet_model_repo", "just-a-name", "pattern"),
     ],
 )
-def test_values_out_of_range(make_inventory: InventoryFactory, variable: str, value: Any, expected: str) -> None:
+def test_values_out_of_range(
+    make_inventory: InventoryFactory, variable: str, value: Any, expected: str
+) -> None:
     line = only_problem(make_inventory(group_vars={variable: value}))
     assert line.startswith(f"group gpu_nodes: {variable}: found {value!r}; expected")
     assert expected in line
@@ -231,8 +234,9 @@ def test_cli_valid_exit_zero(capsys: pytest.CaptureFixture[str]) -> None:
     assert "valid" in capsys.readouterr().out
 
 
-def test_cli_invalid_exit_one_without_traceback(make_inventory: InventoryFactory,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_invalid_exit_one_without_traceback(
+    make_inventory: InventoryFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = make_inventory(group_vars={"vllm_service_port": -1})
     assert main(["validate", "-i", str(path)]) == 1
     err = capsys.readouterr().err

@@ -38,11 +38,15 @@ def run(args: argparse.Namespace) -> int:
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if result.problems:
-        print(f"{args.inventory}: {len(result.problems)} problem(s); nothing was changed on any host.",
-              file=sys.stderr)
+        print(
+            f"{args.inventory}: {len(result.problems)} problem(s); nothing was changed on any host.",
+            file=sys.stderr,
+        )
         return 1
     assert result.fleet is not None
     fleet = result.fleet
-    print(f"{args.inventory}: valid — {len(fleet.nodes)} node(s), head {fleet.head.name}, "
-          f"{fleet.total_gpus} GPU(s), model {fleet.model.repo}")
+    print(
+        f"{args.inventory}: valid — {len(fleet.nodes)} node(s), head {fleet.head.name}, "
+        f"{fleet.total_gpus} GPU(s), model {fleet.model.repo}"
+    )
     return 0
