@@ -22,7 +22,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests plugins
 	$(BIN)/ruff format --check src tests plugins
 	$(BIN)/mypy
-	$(BIN)/ansible-lint --profile production --strict
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ansible-lint --profile production --strict
 
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
