@@ -69,3 +69,10 @@ def test_serving_model_matches_the_vllm_service_role() -> None:
 def test_readme_reference_is_current() -> None:
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert render(readme, REPO) == readme, "README.md is stale: run .venv/bin/python -m gpufleet.docs"
+
+
+def test_public_api_names_resolve() -> None:
+    import gpufleet
+
+    for name in gpufleet.__all__:
+        assert getattr(gpufleet, name) is not None
