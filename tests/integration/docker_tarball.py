@@ -12,7 +12,7 @@ trixie's glibc, so 26.1 runs on trixie hosts only.
 Built tarballs are cached under ``~/.cache/gpufleet/docker-tarballs/<suite>/``; delete that folder to
 rebuild. Run as a script to build a bundle by hand (for ``molecule test -s docker``)::
 
-    python tests/integration/docker_tarball.py --suite bookworm --bundle /tmp/docker-bundle
+    python tests/integration/docker_tarball.py --suite bookworm --bundle /tmp/docker-bundle --runtime-libs bookworm
 """
 
 from __future__ import annotations
@@ -242,14 +242,19 @@ def write_bundle(tarballs: Iterable[DockerTarball], bundle: Path) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--suite", choices=SUITES, action="append", help="default: bookworm")
-    parser.add_argument("--bundle", type=Path, help="also lay the tarballs out as an offline bundle here")
+    parser.add_argument("--suite", choices=SUITES, action="append", help="tarball to build (repeat; default: none)")
+    parser.add_argument("--bundle", type=Path, help="lay the tarballs out as an offline bundle here")
+    parser.add_argument("--runtime-libs", choices=SUITES, help="also fetch the runtime library .debs for this suite")
     args = parser.parse_args()
-    tarballs = [build_tarball(suite) for suite in args.suite or ["bookworm"]]
-    for tarball in tarballs:
-        print(f"{tarball.path}  version={tarball.version}  sha256={tarball.sha256}")
+    tarballs = [build_tarball(suite) for suite in args.suite or []]
+    report: dict[str, object] = {
+        "tarballs": [{"path": str(t.path), "version": t.version, "sha256": t.sha256, "suite": t.suite} for t in tarballs]
+    }
     if args.bundle:
-        print(f"bundle: {write_bundle(tarballs, args.bundle)}")
+        report["bundle"] = str(write_bundle(tarballs, args.bundle))
+    if args.runtime_libs:
+        report["runtime_libs"] = [str(path) for path in runtime_library_debs(args.runtime_libs)]
+    print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":
