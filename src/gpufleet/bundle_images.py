@@ -59,6 +59,15 @@ def _member(name: str, data: bytes, mode: int = 0o644) -> tuple[tarfile.TarInfo,
     return info, io.BytesIO(data)
 
 
+def tar_layer(files: dict[str, bytes]) -> bytes:
+    """An image layer (a plain tar) holding ``files``, with fixed times so the layer digest is stable."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for name in sorted(files):
+            tar.addfile(*_member(name, files[name]))
+    return buf.getvalue()
+
+
 def _busybox_layer(busybox: bytes) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:

@@ -13,7 +13,7 @@ import yaml
 
 from gpufleet.bundle import BuildError, ManifestError, build, verify
 from gpufleet.bundle_fetch import BuildContext, download
-from gpufleet.bundle_images import image_id, write_docker_archive
+from gpufleet.bundle_images import image_id, tar_layer, write_docker_archive
 from gpufleet.bundle_lfs import LfsServer, make_lfs_repo
 from gpufleet.bundle_lock import LOCK_NAME, sha256_file
 from gpufleet.bundle_manifest import load_manifest
@@ -34,7 +34,7 @@ def write_manifest(workdir: Path, model_dir: Path, extra: dict[str, Any] | None 
     payload = workdir / "files" / "toolkit.deb"
     payload.write_bytes(b"not really a deb\n" * 100)
     archive = workdir / "files" / "busybox.tar"
-    pinned_id = write_docker_archive(archive, "gpufleet/test:1", [b"layer-bytes" * 10], ["sh"])
+    pinned_id = write_docker_archive(archive, "gpufleet/test:1", [tar_layer({"hello.txt": b"hello"})], ["sh"])
     bare, commit = make_lfs_repo(model_dir, workdir / "remote", "gpufleet/tiny-qwen2")
     data: dict[str, Any] = {
         "schema_version": 1,

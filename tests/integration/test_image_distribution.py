@@ -1,0 +1,126 @@
+"""image_distribution on three real lab hosts with real dockerd (Debian's docker.io, installed from .debs
+because the session lab is offline): plain, gzip and zstd docker-archives sent once into the cluster and
+chained between nodes, verified by sha256 before docker load and by image ID after; idempotence; a
+corrupted archive refused before anything is copied; the direct strategy."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import RunningLab
+from test_model_fetch import changed_counts, install_debs
+
+from gpufleet.bundle import build
+from gpufleet.bundle_images import tar_layer, write_docker_archive
+from gpufleet.bundle_lock import sha256_file
+
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
+COMPRESSIONS = ("none", "gzip", "zstd")
+
+
+@pytest.fixture(scope="module")
+def docker_on_hosts(lab: RunningLab) -> None:
+    install_debs(lab, {"docker.io": "", "zstd": ""})
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A bundle of three small images, one per compression, each a distinct image ID."""
+    work = tmp_path_factory.mktemp("images")
+    images = []
+    for compression in COMPRESSIONS:
+        archive = work / f"{compression}.tar"
+        layer = tar_layer({f"data/{compression}.bin": compression.encode() * 65536})  # distinct per image
+        write_docker_archive(archive, f"gpufleet/test-{compression}:1", [layer], ["sh"])
+        images.append(
+            {
+                "name": f"gpufleet/test-{compression}",
+                "tag": "1",
+                "compression": compression,
+                "source": {"kind": "docker-archive", "path": str(archive), "sha256": sha256_file(archive)},
+            }
+        )
+    manifest = work / "manifest.yml"
+    manifest.write_text(yaml.safe_dump({"schema_version": 1, "name": "images", "images": images}))
+    build(manifest, work / "bundle")
+    return work / "bundle"
+
+
+def run_role(lab: RunningLab, tmp: Path, bundle: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    playbook = tmp / "image_distribution.yml"
+    playbook.write_text(
+        "- hosts: gpu_nodes\n  gather_facts: false\n  roles:\n    - role: image_distribution\n"
+    )
+    return lab.playbook(playbook, "-e", f"gpufleet_bundle_dir={bundle}", *extra)
+
+
+def image_ids(lab: RunningLab, host: str) -> set[str]:
+    out = lab.ssh(host, "docker image ls --no-trunc --format '{{.Repository}} {{.ID}}'").stdout
+    return {line.split()[1] for line in out.splitlines() if line.startswith("gpufleet/test-")}
+
+
+@pytest.fixture(scope="module")
+def first_run(
+    lab: RunningLab, docker_on_hosts: None, bundle: Path, tmp_path_factory: pytest.TempPathFactory
+) -> subprocess.CompletedProcess[str]:
+    return run_role(lab, tmp_path_factory.mktemp("pb"), bundle)
+
+
+def test_every_host_gets_every_image_with_its_id(
+    lab: RunningLab, first_run: subprocess.CompletedProcess[str], bundle: Path
+) -> None:
+    assert first_run.returncode == 0, first_run.stdout[-4000:]
+    expected = {image["id"] for image in yaml.safe_load((bundle / "bundle.lock.yml").read_text())["images"]}
+    for host in lab.hosts:
+        assert image_ids(lab, host) == expected, host
+        assert lab.ssh(host, "ls -A /var/tmp/gpufleet-images").stdout.strip() == "", (
+            "staged archives left behind"
+        )
+
+
+def test_archives_travel_the_chain_not_the_control_node(first_run: subprocess.CompletedProcess[str]) -> None:
+    assert first_run.returncode == 0
+    assert "Copy the archive from the control node to the seed, once" in first_run.stdout
+    copies = [
+        line for line in first_run.stdout.splitlines() if line.startswith("changed: [") and "=>" not in line
+    ]
+    assert copies, first_run.stdout[-2000:]
+
+
+def test_second_run_changes_nothing(
+    lab: RunningLab, first_run: subprocess.CompletedProcess[str], bundle: Path, tmp_path: Path
+) -> None:
+    second = run_role(lab, tmp_path, bundle)
+    assert second.returncode == 0, second.stdout[-3000:]
+    assert set(changed_counts(second.stdout).values()) == {0}, second.stdout[-3000:]
+
+
+def test_corrupted_archive_is_refused_before_anything_is_copied(
+    lab: RunningLab, first_run: subprocess.CompletedProcess[str], bundle: Path, tmp_path: Path
+) -> None:
+    broken = tmp_path / "bundle"
+    shutil.copytree(bundle, broken)
+    archive = broken / "images/gpufleet-test-none_1.tar"
+    data = bytearray(archive.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    archive.write_bytes(bytes(data))
+    lab.ssh("node2", "docker image rm gpufleet/test-none:1")
+    result = run_role(lab, tmp_path, broken)
+    assert result.returncode != 0
+    assert "gpufleet-test-none_1.tar: expected sha256" in result.stdout, result.stdout[-3000:]
+    assert "Nothing was copied or loaded" in result.stdout
+    assert "gpufleet/test-none" not in lab.ssh("node2", "docker image ls").stdout
+
+
+def test_direct_strategy_also_loads_missing_images(
+    lab: RunningLab, first_run: subprocess.CompletedProcess[str], bundle: Path, tmp_path: Path
+) -> None:
+    lab.ssh("node3", "docker image rm gpufleet/test-zstd:1 gpufleet/test-none:1")
+    result = run_role(lab, tmp_path, bundle, "-e", "image_distribution_strategy=direct")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert len(image_ids(lab, "node3")) == len(COMPRESSIONS)
+    assert changed_counts(result.stdout)["node1"] == 0
