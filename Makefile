@@ -19,8 +19,8 @@ test: lab-prereqs $(STAMP) lint  ## everything CI runs: linters, then the whole 
 
 lint: $(STAMP)
 	$(BIN)/yamllint --strict .
-	$(BIN)/ruff check src tests plugins
-	$(BIN)/ruff format --check src tests plugins
+	$(BIN)/ruff check src tests plugins molecule benchmarks images
+	$(BIN)/ruff format --check src tests plugins molecule benchmarks images
 	$(BIN)/mypy
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ansible-lint --profile production --strict
 

@@ -16,7 +16,10 @@ def converge_with(*extra: str) -> subprocess.CompletedProcess[str]:
     inventory = str(Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent)
     return subprocess.run(
         ["ansible-playbook", "-i", inventory, str(SCENARIO_DIR / "converge.yml"), *extra],
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
 
 
@@ -40,6 +43,8 @@ def test_wrong_nic_is_refused_with_the_interfaces_found() -> None:
 
 
 def test_wrong_node_ip_is_refused() -> None:
-    result = converge_with("-e", "gpufleet_node_ip=10.231.99.99", "--limit", "node1", "--skip-tags", "validate")
+    result = converge_with(
+        "-e", "gpufleet_node_ip=10.231.99.99", "--limit", "node1", "--skip-tags", "validate"
+    )
     assert result.returncode != 0
     assert "gpufleet_node_ip 10.231.99.99 is not an address of eth0" in said(result)
