@@ -70,6 +70,12 @@ def _guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse
 
     @functools.wraps(handler)
     def guarded(args: argparse.Namespace) -> int:
+        if os.geteuid() != 0:  # mounts, namespaces, cgroups, iptables and the state dir are root's
+            print(
+                f"gpufleet lab {args.lab_command}: found uid {os.geteuid()}; expected root. Fix: sudo.",
+                file=sys.stderr,
+            )
+            return 1
         try:
             return handler(args)
         except LabError as exc:
