@@ -16,7 +16,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from docker_tarball import apt_download, file_lock, cache_root
+from docker_tarball import apt_download, cache_root, file_lock
 
 IMAGE_REF = "gpufleet-test/busybox:1"
 APPLETS = ("sh", "echo", "cat", "true", "uname", "hostname")
@@ -53,10 +53,16 @@ def _archive(layer: bytes, ref: str) -> bytes:
         sort_keys=True,
     ).encode()
     config_name = f"{hashlib.sha256(config).hexdigest()}.json"
-    manifest = json.dumps([{"Config": config_name, "RepoTags": [ref], "Layers": [f"{diff_id}/layer.tar"]}]).encode()
+    manifest = json.dumps(
+        [{"Config": config_name, "RepoTags": [ref], "Layers": [f"{diff_id}/layer.tar"]}]
+    ).encode()
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, data in ((f"{diff_id}/layer.tar", layer), (config_name, config), ("manifest.json", manifest)):
+        for name, data in (
+            (f"{diff_id}/layer.tar", layer),
+            (config_name, config),
+            ("manifest.json", manifest),
+        ):
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))

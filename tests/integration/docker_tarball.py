@@ -12,7 +12,7 @@ trixie's glibc, so 26.1 runs on trixie hosts only.
 Built tarballs are cached under ``~/.cache/gpufleet/docker-tarballs/<suite>/``; delete that folder to
 rebuild. Run as a script to build a bundle by hand (for ``molecule test -s docker``)::
 
-    python tests/integration/docker_tarball.py --suite bookworm --bundle /tmp/docker-bundle --runtime-libs bookworm
+    python tests/integration/docker_tarball.py --suite bookworm --bundle /tmp/b --runtime-libs bookworm
 """
 
 from __future__ import annotations
@@ -103,7 +103,13 @@ def file_lock(path: Path) -> Iterator[None]:
 
 def _apt_config(suite: str, workdir: Path) -> dict[str, str]:
     """Environment for an apt that sees only ``suite`` of this machine's Debian mirror, state in workdir."""
-    for sub in ("etc/sources.list.d", "etc/preferences.d", "etc/apt.conf.d", "lists/partial", "cache/archives/partial"):
+    for sub in (
+        "etc/sources.list.d",
+        "etc/preferences.d",
+        "etc/apt.conf.d",
+        "lists/partial",
+        "cache/archives/partial",
+    ):
         (workdir / sub).mkdir(parents=True, exist_ok=True)
     (workdir / "status").touch()
     keyring = "/usr/share/keyrings/debian-archive-keyring.gpg"
@@ -156,16 +162,19 @@ def _normalise(info: tarfile.TarInfo) -> tarfile.TarInfo:
 def _write_tarball(sources: dict[str, Path], dest: Path) -> None:
     """Write ``dest`` in the official layout: a ``docker/`` folder of executables, gzip-compressed."""
     partial = dest.with_suffix(".partial")
-    with partial.open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0) as gz:
-        with tarfile.open(fileobj=gz, mode="w") as tar:
-            folder = tarfile.TarInfo("docker")
-            folder.type, folder.mode = tarfile.DIRTYPE, 0o755
-            tar.addfile(_normalise(folder))
-            for name in sorted(sources):
-                info = _normalise(tar.gettarinfo(str(sources[name]), arcname=f"docker/{name}"))
-                info.mode = 0o755
-                with sources[name].open("rb") as handle:
-                    tar.addfile(info, handle)
+    with (
+        partial.open("wb") as raw,
+        gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0) as gz,
+        tarfile.open(fileobj=gz, mode="w") as tar,
+    ):
+        folder = tarfile.TarInfo("docker")
+        folder.type, folder.mode = tarfile.DIRTYPE, 0o755
+        tar.addfile(_normalise(folder))
+        for name in sorted(sources):
+            info = _normalise(tar.gettarinfo(str(sources[name]), arcname=f"docker/{name}"))
+            info.mode = 0o755
+            with sources[name].open("rb") as handle:
+                tar.addfile(info, handle)
     partial.rename(dest)
 
 
@@ -216,9 +225,13 @@ def runtime_library_debs(suite: str) -> list[Path]:
 
 
 def write_bundle(tarballs: Iterable[DockerTarball], bundle: Path) -> Path:
-    """Lay ``tarballs`` out as an offline bundle (docs/conventions.md): docker/ plus bundle.lock.yml."""
+    """Lay ``tarballs`` out as an offline bundle (docs/conventions.md): docker/ plus bundle.lock.yml.
+
+    Entries of bundle.lock.yml for other files (another helper's) are kept; those of these tarballs replaced.
+    """
     (bundle / "docker").mkdir(parents=True, exist_ok=True)
-    entries = []
+    lock_path = bundle / "bundle.lock.yml"
+    entries = {entry["path"]: entry for entry in lock_files(lock_path)}
     for tarball in tarballs:
         relative = f"docker/{tarball.path.name}"
         target = bundle / relative
@@ -227,28 +240,40 @@ def write_bundle(tarballs: Iterable[DockerTarball], bundle: Path) -> Path:
                 os.link(tarball.path, target)
             except OSError:  # another file system than the cache
                 shutil.copy2(tarball.path, target)
-        entries.append(
-            {
-                "path": relative,
-                "size": target.stat().st_size,
-                "sha256": tarball.sha256,
-                "version": tarball.version,
-                "source": f"Debian {tarball.suite} docker.io/containerd/runc/tini, repackaged (gpufleet test)",
-            }
-        )
-    (bundle / "bundle.lock.yml").write_text(yaml.safe_dump({"files": entries}, sort_keys=False))
+        entries[relative] = {
+            "path": relative,
+            "size": target.stat().st_size,
+            "sha256": tarball.sha256,
+            "version": tarball.version,
+            "source": f"Debian {tarball.suite} docker.io, containerd, runc, tini (gpufleet test repack)",
+        }
+    lock_path.write_text(yaml.safe_dump({"files": list(entries.values())}, sort_keys=False))
     return bundle
 
 
+def lock_files(lock_path: Path) -> list[dict[str, object]]:
+    lock = yaml.safe_load(lock_path.read_text()) if lock_path.is_file() else None
+    return list((lock or {}).get("files") or [])
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--suite", choices=SUITES, action="append", help="tarball to build (repeat; default: none)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--suite", choices=SUITES, action="append", help="tarball to build (repeat; default: none)"
+    )
     parser.add_argument("--bundle", type=Path, help="lay the tarballs out as an offline bundle here")
-    parser.add_argument("--runtime-libs", choices=SUITES, help="also fetch the runtime library .debs for this suite")
+    parser.add_argument(
+        "--runtime-libs", choices=SUITES, help="also fetch the runtime library .debs for this suite"
+    )
     args = parser.parse_args()
     tarballs = [build_tarball(suite) for suite in args.suite or []]
     report: dict[str, object] = {
-        "tarballs": [{"path": str(t.path), "version": t.version, "sha256": t.sha256, "suite": t.suite} for t in tarballs]
+        "tarballs": [
+            {"path": str(t.path), "version": t.version, "sha256": t.sha256, "suite": t.suite}
+            for t in tarballs
+        ]
     }
     if args.bundle:
         report["bundle"] = str(write_bundle(tarballs, args.bundle))
