@@ -34,7 +34,7 @@ from gpufleet.lab_sys import LabError, file_lock, missing_prerequisites, state_r
 __all__ = ["DEFAULT_LAB", "HostStatus", "Lab", "LabError", "LabHost", "LabInventory"]
 
 T = TypeVar("T")
-SSH_READY_TIMEOUT = 90.0
+SSH_READY_TIMEOUT = 120.0
 INVENTORY_MARK = "# Written by `gpufleet lab up"
 
 
@@ -138,7 +138,9 @@ class Lab:
 
         def probe(host: HostState) -> None:
             procs = len(lab_host.processes(host.spec()))
-            answer = self.ssh(host.hostname, "systemctl is-system-running", timeout=10) if procs else None
+            answer = None
+            with contextlib.suppress(subprocess.TimeoutExpired):  # a hung host is "no SSH", not an error
+                answer = self.ssh(host.hostname, "systemctl is-system-running", timeout=10) if procs else None
             ok = answer is not None and answer.returncode in (0, 1) and bool(answer.stdout.strip())
             systemd = answer.stdout.strip() if answer is not None and ok else ""
             result.append(HostStatus(host.hostname, host.ip, procs, ok, systemd))
@@ -281,7 +283,8 @@ def _wait_for_ssh(state: LabState) -> None:
         raise LabError(
             f"lab {state.name}: {host.hostname} ({host.ip}): "
             f"SSH did not answer within {SSH_READY_TIMEOUT:.0f} s. "
-            f"Console log ({host.workdir / 'console.log'}) ends with:\n{log}"
+            f"Console log ({host.workdir / 'console.log'}) ends with:\n{log}\n"
+            f"Fix: read the log above, then `gpufleet lab down --name {state.name}` (or `up` again)."
         )
 
     _parallel(wait, state.hosts)

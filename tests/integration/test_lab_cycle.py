@@ -18,8 +18,13 @@ from gpufleet.lab_sys import run, state_root
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.timeout(300)]
 
-# Reset of three hosts takes ~2-3 s on an idle 2-core machine; the budget leaves room for a busy one.
-RESET_BUDGET_SECONDS = 10.0
+# The target: three hosts reset in 5 s. Booting is CPU-bound (~0.6 CPU-s per host), so on a machine
+# that other jobs keep busy the budget grows with the load average per core.
+RESET_TARGET_SECONDS = 5.0
+
+
+def reset_budget() -> float:
+    return RESET_TARGET_SECONDS * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
 
 
 def footprint(name: str, index: int) -> dict[str, set[str]]:
@@ -82,11 +87,12 @@ def test_reset_gives_fresh_hosts_on_the_same_addresses(own_lab: list[Lab]) -> No
     before = handle.up()
     for host in before.hosts:
         assert handle.ssh(host.name, "touch /root/left-over").returncode == 0
+    budget = reset_budget()
     started = time.monotonic()
     after = handle.reset()
     seconds = time.monotonic() - started
-    print(f"reset of 3 hosts: {seconds:.1f} s")
-    assert seconds <= RESET_BUDGET_SECONDS
+    print(f"reset of 3 hosts: {seconds:.1f} s (budget {budget:.1f} s at load {os.getloadavg()[0]:.1f})")
+    assert seconds <= budget
     assert after.ips == before.ips
     for host in after.hosts:
         assert handle.ssh(host.name, "test ! -e /root/left-over").returncode == 0

@@ -72,7 +72,7 @@ def docker_debs(lab: RunningLab) -> list[Path]:
     answer = lab.ssh("node1", "apt-get install --print-uris -qq --no-install-recommends docker.io")
     entries = [match for line in answer.stdout.splitlines() if (match := URI.match(line))]
     assert entries, f"apt on node1 named no packages for docker.io: {answer.stdout} {answer.stderr}"
-    folder = cache_dir() / "test-debs" / lab.lab.suite
+    folder = cache_dir() / "test-debs" / lab.lab.state().suite
     folder.mkdir(parents=True, exist_ok=True)
     with file_lock(folder / ".lock"):
         for entry in entries:
@@ -84,7 +84,7 @@ def docker_debs(lab: RunningLab) -> list[Path]:
 def docker_hosts(lab: RunningLab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningLab]:
     debs = docker_debs(lab)
     staging = tmp_path_factory.mktemp("docker")
-    shutil.copy(build_busybox_image(lab.lab.suite), staging / "image.tar")
+    shutil.copy(build_busybox_image(lab.lab.state().suite), staging / "image.tar")
     playbook = staging / "install_docker.yml"
     playbook.write_text(INSTALL_PLAYBOOK % {"remote": REMOTE})
     extra = {
