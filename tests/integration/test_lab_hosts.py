@@ -97,3 +97,24 @@ def test_playbook_helper_reaches_every_host(lab: RunningLab, tmp_path: Path) -> 
     assert result.returncode == 0, result.stdout
     for host in HOSTS:
         assert f"{host} has-ip=True" in result.stdout
+
+
+def gpufleet(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(VENV_BIN / "gpufleet"), "lab", *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_cli_status_json_lists_every_host_with_ssh_answering(lab: RunningLab) -> None:
+    result = gpufleet("status", "--json", "--name", lab.inventory.name)
+    assert result.returncode == 0, result.stderr
+    hosts = json.loads(result.stdout)["hosts"]
+    assert [(host["name"], host["ip"], host["ssh"]) for host in hosts] == [
+        (name, lab.inventory.ips[name], True) for name in HOSTS
+    ]
+    assert {host["systemd"] for host in hosts} <= {"running", "degraded"}
+
+
+def test_cli_ssh_runs_a_command_on_the_named_host(lab: RunningLab) -> None:
+    result = gpufleet("ssh", "--name", lab.inventory.name, "node3", "cat", "/etc/hostname")
+    assert (result.returncode, result.stdout.strip()) == (0, "node3"), result.stderr
