@@ -11,7 +11,7 @@ import pytest
 import yaml
 from conftest import REPO, VENV_BIN
 
-from gpufleet import lab_net, lab_rootfs
+from gpufleet import lab_net, lab_rootfs, lab_sys
 from gpufleet.commands import lab as lab_command
 from gpufleet.lab import Lab, LabError
 from gpufleet.lab_inventory import LabHost, LabInventory, render
@@ -104,3 +104,10 @@ def test_cli_has_every_action() -> None:
     assert (status.json, status.name) == (True, "x")
     ssh = parser.parse_args(["lab", "ssh", "node2", "systemctl", "is-active", "ssh"])
     assert (ssh.node, ssh.remote) == ("node2", ["systemctl", "is-active", "ssh"])
+
+
+def test_missing_tools_are_named_with_the_apt_get_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lab_sys.shutil, "which", lambda cmd: None if cmd in ("systemd-nspawn", "ip") else cmd)
+    problems = lab_sys.missing_prerequisites()
+    expected = "lab: packages: missing iproute2, systemd-container. Fix: apt-get install -y "
+    assert expected + "iproute2 systemd-container" in problems
