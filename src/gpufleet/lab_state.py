@@ -30,7 +30,10 @@ class HostState(BaseModel):
 
 
 class LabState(BaseModel):
-    """One lab: its network slot, hosts, root file system and the inventory written for it."""
+    """One lab: its network slot, hosts, root file system and the inventory written for it.
+
+    Running labs' state files must keep loading after an upgrade: add fields with defaults only.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
