@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 from gpufleet import lab_host, lab_inventory, lab_net, lab_state
 from gpufleet.lab_inventory import DEFAULT_LAB, SSH_COMMON_ARGS, LabHost, LabInventory
@@ -272,22 +272,27 @@ def _rmdir_quietly(path: Path) -> None:
 
 
 def _wait_for_ssh(state: LabState) -> None:
-    deadline = time.monotonic() + SSH_READY_TIMEOUT
+    started = time.monotonic()
 
     def wait(host: HostState) -> None:
-        while time.monotonic() < deadline:
+        while (waited := time.monotonic() - started) < SSH_READY_TIMEOUT:
             if _port_open(host.ip, 22) and _ssh_true(state, host):
                 return
+            if waited > 5 and not lab_host.processes(host.spec()):
+                _boot_failed(state, host, "stopped before SSH answered")
             time.sleep(0.05)
-        log = (host.workdir / "console.log").read_text(errors="replace")[-2000:]
-        raise LabError(
-            f"lab {state.name}: {host.hostname} ({host.ip}): "
-            f"SSH did not answer within {SSH_READY_TIMEOUT:.0f} s. "
-            f"Console log ({host.workdir / 'console.log'}) ends with:\n{log}\n"
-            f"Fix: read the log above, then `gpufleet lab down --name {state.name}` (or `up` again)."
-        )
+        _boot_failed(state, host, f"SSH did not answer within {SSH_READY_TIMEOUT:.0f} s")
 
     _parallel(wait, state.hosts)
+
+
+def _boot_failed(state: LabState, host: HostState, what: str) -> NoReturn:
+    log = host.workdir / "console.log"
+    tail = log.read_text(errors="replace")[-2000:] if log.exists() else "(no console log)"
+    raise LabError(
+        f"lab {state.name}: {host.hostname} ({host.ip}): {what}. Console log ({log}) ends with:\n{tail}\n"
+        f"Fix: read the log above, then `gpufleet lab down --name {state.name}` (or `up` again)."
+    )
 
 
 def _port_open(ip: str, port: int) -> bool:

@@ -209,10 +209,19 @@ def _unmount(path: Path) -> None:
 
 
 def _remove_cgroup_tree(top: Path) -> None:
-    if not top.is_dir():
-        return
-    for directory in sorted(
-        (p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True
-    ):
-        directory.rmdir()
-    top.rmdir()
+    """rmdir the cgroup and its children, deepest first (busy for a moment while its last task exits)."""
+    for _ in range(50):
+        if not top.is_dir():
+            return
+        children = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
+        try:
+            for directory in [*children, top]:
+                directory.rmdir()
+        except FileNotFoundError:
+            pass  # a child went away on its own; look again
+        except OSError:
+            time.sleep(0.1)
+    if top.is_dir():
+        raise LabError(
+            f"lab: cgroup {top}: still busy after 5 s. Fix: look at {top}/cgroup.procs, then down again."
+        )
