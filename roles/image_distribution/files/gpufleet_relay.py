@@ -55,12 +55,13 @@ def open_sink(args):
 
 def receive(args):
     server = socket.create_server(address(args.listen), reuse_port=False)
-    server.settimeout(args.timeout)
+    server.settimeout(args.accept_timeout)  # short: a sender that failed must not leave receivers waiting
     try:
         conn, _ = server.accept()
     except socket.timeout:
-        fail(4, f"no sender connected to {args.listen} within {args.timeout} s")
-    conn.settimeout(300)
+        fail(4, f"no sender connected to {args.listen} within {args.accept_timeout} s")
+    server.close()
+    conn.settimeout(args.timeout)
     downstream = connect(address(args.next), args.timeout) if args.next else None
     sink, proc = open_sink(args)
     digest, total, began = hashlib.sha256(), 0, time.monotonic()
@@ -125,7 +126,8 @@ def main():
     recv.add_argument("--sha256")
     recv.add_argument("--untar")
     recv.add_argument("--next")
-    recv.add_argument("--timeout", type=float, default=3600)
+    recv.add_argument("--timeout", type=float, default=300, help="seconds without data before giving up")
+    recv.add_argument("--accept-timeout", type=float, default=120, help="seconds to wait for the sender")
     snd = sub.add_parser("send")
     snd.add_argument("--to", required=True)
     snd.add_argument("--file")
