@@ -78,6 +78,9 @@ def _guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse
             return 1
         try:
             return handler(args)
+        except BrokenPipeError:  # `gpufleet lab up | head -1`: the reader left; the lab is up all the same
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
         except LabError as exc:
             print(f"gpufleet lab {args.lab_command}: {exc}", file=sys.stderr)
             return 1
