@@ -115,7 +115,9 @@ def distribution(args: argparse.Namespace) -> list[str]:
         throttle(lab, args.rate_mbit)
         with tempfile.TemporaryDirectory() as tmp:
             artifact = Path(tmp) / "artifact.bin"
-            sh(["head", "-c", str(args.size_mib << 20), "/dev/urandom"], stdout=artifact.open("wb"))
+            with artifact.open("wb") as out:
+                for _ in range(args.size_mib):
+                    out.write(os.urandom(1 << 20))
             digest = sh(["sha256sum", str(artifact)]).stdout.split()[0].decode()
             for count in args.nodes:
                 hosts = list(ips)[:count]
@@ -171,9 +173,11 @@ def main() -> None:
     parser.add_argument("--lfs-object-mib", type=int, default=8)
     parser.add_argument("--lfs-rate-mib", type=int, default=4, help="per-connection limit of the LFS server")
     parser.add_argument("--skip-distribution", action="store_true")
+    parser.add_argument("--skip-lfs", action="store_true")
     args = parser.parse_args()
-    print("| model | per-connection limit | lfs.concurrenttransfers | seconds |\n| --- | --- | --- | --- |")
-    lfs_concurrency(args)
+    if not args.skip_lfs:
+        print("| model | per-connection limit | lfs.concurrenttransfers | seconds |\n| --- | --- | --- | --- |")
+        lfs_concurrency(args)
     if not args.skip_distribution:
         print("| artifact | hosts | link rate | strategy | seconds |\n| --- | --- | --- | --- | --- |")
         distribution(args)

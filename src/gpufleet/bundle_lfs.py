@@ -10,7 +10,6 @@ plus the LFS batch API and basic transfers (with Range requests, so interrupted 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import tempfile
@@ -235,4 +234,3 @@ if __name__ == "__main__":  # pragma: no cover
     import sys
 
     serve_forever(Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]))
-    os._exit(0)

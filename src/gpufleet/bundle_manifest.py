@@ -11,7 +11,15 @@ from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from gpufleet.problems import Problem
 
@@ -141,6 +149,13 @@ class PackagesArtifact(_Model):
     files: list[FileSources] = Field(default_factory=list)
     repo: DebianRepoSource | None = None
     optional: bool = False
+
+    @model_validator(mode="after")
+    def _files_or_repo(self) -> PackagesArtifact:
+        # Both land in nvidia_container_toolkit/<version>/: a repository's index would list the files too.
+        if self.files and self.repo:
+            raise ValueError("give files or repo, not both")
+        return self
 
 
 class DriverArtifact(_Model):

@@ -32,10 +32,6 @@ def lfs_pointers(repo: Path, what: str) -> dict[str, str]:
     return pointers
 
 
-def tracked_files(repo: Path, what: str) -> list[str]:
-    return sorted(git(repo, "ls-files", "-z", what=what).split("\0")[:-1])
-
-
 def verify_checkout(repo: Path, revision: str, what: str) -> list[str]:
     """Problems with a checkout: wrong revision, LFS files whose content does not match their pointer."""
     head = git(repo, "rev-parse", "HEAD", what=what).strip()
