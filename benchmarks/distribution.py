@@ -176,7 +176,8 @@ def main() -> None:
     parser.add_argument("--skip-lfs", action="store_true")
     args = parser.parse_args()
     if not args.skip_lfs:
-        print("| model | per-connection limit | lfs.concurrenttransfers | seconds |\n| --- | --- | --- | --- |")
+        print("| model | per-connection limit | lfs.concurrenttransfers | seconds |")
+        print("| --- | --- | --- | --- |")
         lfs_concurrency(args)
     if not args.skip_distribution:
         print("| artifact | hosts | link rate | strategy | seconds |\n| --- | --- | --- | --- | --- |")
