@@ -106,10 +106,9 @@ def chain(lab: Lab, hosts: list[str], ips: dict[str, str], artifact: Path, diges
 
 def distribution(args: argparse.Namespace) -> list[str]:
     lab = Lab("bench", nodes=max(args.nodes), offline=True)
-    inventory = lab.up()
     rows = []
     try:
-        ips = inventory.ips
+        ips = lab.up().ips
         for host in ips:
             ssh(lab, host, "cat > /var/tmp/relay.py", RELAY)
         throttle(lab, args.rate_mbit)
