@@ -16,7 +16,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from gpufleet.report import DeployReport, Failure, StageResult, StatusReport
+from gpufleet.report import DeployReport, Failure, StageResult, StatusReport, VerifyResult
 from gpufleet.vllm_log import VllmFacts
 
 _STYLE = {"ok": "green", "failed": "bold red", "canceled": "yellow", "timeout": "yellow", "running": "cyan"}
@@ -150,14 +150,28 @@ def print_deploy_report(console: Console, report: DeployReport) -> None:
         )
     console.print(table)
     console.print(_details(report.stages, report.endpoint, report.served_model, report.vllm))
+    if report.verify is not None:
+        console.print(_verified(report.verify))
     for warning in report.warnings:
         console.print(Text("warning: " + warning, style="yellow"))
+    outcome = "deployed" + (" (no changes)" if report.changed == 0 and not report.check_mode else "")
     console.print(
         Text(
-            "deployed" if report.ok else f"failed in stage {report.failed_stage}",
+            outcome if report.ok else f"failed in stage {report.failed_stage}",
             style="bold green" if report.ok else "bold red",
         )
     )
+
+
+def _verified(verify: VerifyResult) -> RenderableType:
+    lines = [Text(f"verify: completion {verify.completion!r} ({verify.completion_tokens} tokens)")]
+    if verify.unauthorized_status is not None:
+        lines.append(Text(f"verify: without the API key: HTTP {verify.unauthorized_status}"))
+    lines.append(Text("verify: /metrics " + ("answers" if verify.metrics else "did not answer")))
+    if verify.benchmark:
+        figures = ", ".join(f"{name} {value:g}" for name, value in verify.benchmark.items())
+        lines.append(Text("verify: benchmark " + figures))
+    return Group(*lines)
 
 
 def print_status_report(console: Console, report: StatusReport) -> None:

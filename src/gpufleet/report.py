@@ -53,6 +53,16 @@ class StageResult(_Frozen):
     error: str | None = None  # what ansible-playbook said when it failed before any task (syntax, inventory)
 
 
+class VerifyResult(_Frozen):
+    """What the verify stage found (playbooks/verify.yml publishes it as ``gpufleet_verify``)."""
+
+    completion: str  # the answer to the verify prompt, at temperature 0
+    completion_tokens: int | None = None
+    unauthorized_status: int | None = None  # what the same request without the API key got (401)
+    metrics: bool = False  # /metrics answered with vLLM's metrics
+    benchmark: dict[str, float] | None = None  # benchmarks/serving_throughput.py's figures, when asked for
+
+
 class DeployReport(_Frozen):
     """The outcome of running stages (deploy, teardown): every stage run, in order, and what they set up."""
 
@@ -64,7 +74,13 @@ class DeployReport(_Frozen):
     endpoint: str | None = None
     served_model: str | None = None
     vllm: VllmFacts | None = None
+    verify: VerifyResult | None = None
     warnings: tuple[str, ...] = ()
+
+    @property
+    def changed(self) -> int:
+        """Changed tasks over every stage and host (0: the run found everything as it should be)."""
+        return sum(host.changed for stage in self.stages for host in stage.hosts)
 
     @property
     def failures(self) -> tuple[Failure, ...]:

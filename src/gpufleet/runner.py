@@ -18,6 +18,8 @@ value set by any host in the run:
 - ``gpufleet_vllm_ready``: true when /v1/models lists the served model (status).
 - ``gpufleet_ray_nodes_alive``, ``gpufleet_ray_nodes_expected``, ``gpufleet_ray_gpus``: from ``ray
   status`` on the head and the inventory (status).
+- ``gpufleet_verify``: a mapping with the fields of :class:`gpufleet.report.VerifyResult` (verify): the
+  completion text, the status of the request without the key, whether /metrics answered, benchmark figures.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpufleet.paths import project_root
-from gpufleet.report import DeployReport, StatusReport
+from gpufleet.report import DeployReport, StatusReport, VerifyResult
 from gpufleet.runner_ansible import Facts, RunSpec, run_stages
 from gpufleet.runner_events import ProgressSink
 from gpufleet.vllm_log import PlanFigures, VllmFacts
@@ -99,6 +101,7 @@ def deploy(
         endpoint=_text(facts, "gpufleet_endpoint"),
         served_model=_served_model(facts),
         vllm=_vllm_facts(facts),
+        verify=_verify(facts),
     )
     return report.compared_with(plan) if plan is not None else report
 
@@ -311,6 +314,18 @@ def _vllm_facts(facts: Facts) -> VllmFacts | None:
         return None
     try:
         return VllmFacts.model_validate({k: v for k, v in published.items() if k in VllmFacts.model_fields})
+    except ValidationError:
+        return None
+
+
+def _verify(facts: Facts) -> VerifyResult | None:
+    published = _mapping(facts, "gpufleet_verify")
+    if published is None:
+        return None
+    try:
+        return VerifyResult.model_validate(
+            {k: v for k, v in published.items() if k in VerifyResult.model_fields and v is not None}
+        )
     except ValidationError:
         return None
 

@@ -23,6 +23,7 @@ PUBLISHED_FACTS = frozenset(
         "gpufleet_ray_nodes_alive",
         "gpufleet_ray_nodes_expected",
         "gpufleet_ray_gpus",
+        "gpufleet_verify",
     }
 )
 _RESULTS = {

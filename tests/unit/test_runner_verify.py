@@ -1,0 +1,73 @@
+"""The verify stage's published fact reaches deploy()'s report, and the report says when nothing changed."""
+
+from __future__ import annotations
+
+from io import StringIO
+
+from rich.console import Console
+
+from gpufleet.progress import print_deploy_report
+from gpufleet.report import DeployReport, HostResult, StageResult, VerifyResult
+from gpufleet.runner import _verify
+from gpufleet.runner_events import StageRecorder
+
+PUBLISHED = {
+    "completion": "hello cluster",
+    "completion_tokens": "16",
+    "unauthorized_status": "401",
+    "metrics": True,
+    "benchmark": None,
+}
+
+
+def test_the_recorder_keeps_the_verify_fact() -> None:
+    recorder = StageRecorder("verify")
+    recorder(
+        {
+            "event": "runner_on_ok",
+            "event_data": {
+                "host": "node1",
+                "task": "Publish",
+                "res": {"ansible_facts": {"gpufleet_verify": PUBLISHED}},
+            },
+        }
+    )
+
+    assert recorder.facts["gpufleet_verify"] == ("node1", PUBLISHED)
+
+
+def test_the_verify_fact_becomes_a_typed_result() -> None:
+    result = _verify({"gpufleet_verify": ("node1", PUBLISHED)})
+
+    assert result == VerifyResult(
+        completion="hello cluster", completion_tokens=16, unauthorized_status=401, metrics=True
+    )
+
+
+def test_a_malformed_verify_fact_is_left_out() -> None:
+    assert _verify({"gpufleet_verify": ("node1", {"completion_tokens": 3})}) is None
+
+
+def stage(changed: int) -> StageResult:
+    return StageResult(
+        name="verify", status="ok", seconds=1.0, hosts=(HostResult(host="node1", ok=9, changed=changed),)
+    )
+
+
+def test_a_run_that_changed_nothing_says_so() -> None:
+    output = StringIO()
+    report = DeployReport(ok=True, stages=(stage(0),), verify=VerifyResult(completion="hi", metrics=True))
+
+    print_deploy_report(Console(file=output, width=200), report)
+
+    assert report.changed == 0
+    assert "deployed (no changes)" in output.getvalue()
+    assert "verify: completion 'hi'" in output.getvalue()
+
+
+def test_a_run_that_changed_something_does_not_say_no_changes() -> None:
+    output = StringIO()
+
+    print_deploy_report(Console(file=output, width=200), DeployReport(ok=True, stages=(stage(2),)))
+
+    assert "no changes" not in output.getvalue()
