@@ -1,5 +1,8 @@
 """Bounded load on a gpufleet vLLM endpoint: output tokens/s and latency at a fixed concurrency.
 
+With --stream the answers are streamed and the report adds time to first token (ttft_p50_s, ttft_p95_s);
+the verify stage runs it so with gpufleet_verify_benchmark: true.
+
     .venv/bin/python benchmarks/serving_throughput.py --endpoint http://10.231.0.2:8000/v1 \
         --key-file inventories/lab/gpufleet.apikey --model tiny --concurrency 8 --requests 64
 
@@ -32,7 +35,10 @@ def allowed(endpoint: str) -> bool:
     return any(address in network for network in ALLOWED)
 
 
-def one_request(endpoint: str, key: str, model: str, max_tokens: int, index: int) -> tuple[float, int]:
+def one_request(
+    endpoint: str, key: str, model: str, max_tokens: int, index: int, *, stream: bool = False
+) -> tuple[float, int, float | None]:
+    """(latency s, completion tokens, time to first token s: only when streaming) of one chat completion."""
     body = {
         "model": model,
         "messages": [{"role": "user", "content": f"Request {index}: describe the cluster."}],
@@ -40,15 +46,35 @@ def one_request(endpoint: str, key: str, model: str, max_tokens: int, index: int
         "max_tokens": max_tokens,
         "ignore_eos": True,
     }
+    if stream:
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
     request = urllib.request.Request(
         f"{endpoint}/chat/completions",
         data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
     )
     start = time.monotonic()
+    first: float | None = None
     with urllib.request.urlopen(request, timeout=120) as response:
-        usage = json.loads(response.read())["usage"]
-    return time.monotonic() - start, int(usage["completion_tokens"])
+        if not stream:
+            usage = json.loads(response.read())["usage"]
+            return time.monotonic() - start, int(usage["completion_tokens"]), None
+        tokens = 0
+        for raw in response:  # server-sent events: "data: {...}" lines, then "data: [DONE]"
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[len("data: ") :])
+            if first is None and any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
+                first = time.monotonic() - start
+            if chunk.get("usage"):
+                tokens = int(chunk["usage"]["completion_tokens"])
+    return time.monotonic() - start, tokens, first
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[int(fraction * (len(ordered) - 1))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--requests", type=int, default=64, help="total requests (at most 1000)")
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--stream", action="store_true", help="stream answers; report time to first token")
     args = parser.parse_args(argv)
     if not allowed(args.endpoint):
         print(f"{args.endpoint}: only loopback or the lab network 10.231.0.0/16", file=sys.stderr)
@@ -69,12 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     with ThreadPoolExecutor(max_workers=args.concurrency) as pool:
         results = list(
             pool.map(
-                lambda i: one_request(args.endpoint, key, args.model, args.max_tokens, i), range(requests)
+                lambda i: one_request(args.endpoint, key, args.model, args.max_tokens, i, stream=args.stream),
+                range(requests),
             )
         )
     wall = time.monotonic() - start
-    latencies = sorted(latency for latency, _ in results)
-    tokens = sum(count for _, count in results)
+    latencies = [latency for latency, _, _ in results]
+    tokens = sum(count for _, count, _ in results)
+    firsts = [first for _, _, first in results if first is not None]
     report = {
         "concurrency": args.concurrency,
         "requests": requests,
@@ -82,8 +111,13 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": round(wall, 2),
         "output_tok_per_s": round(tokens / wall, 1),
         "latency_p50_s": round(statistics.median(latencies), 3),
-        "latency_p95_s": round(latencies[int(0.95 * (len(latencies) - 1))], 3),
+        "latency_p95_s": round(percentile(latencies, 0.95), 3),
     }
+    if firsts:
+        report |= {
+            "ttft_p50_s": round(statistics.median(firsts), 3),
+            "ttft_p95_s": round(percentile(firsts, 0.95), 3),
+        }
     print(json.dumps(report))
     return 0
 
