@@ -1,4 +1,4 @@
-"""A real dockerd runs in every lab host and starts containers from an image loaded from a tarball.
+"""A real dockerd runs in every host (of a lab of its own) and starts containers from a loaded tarball.
 
 Debian's docker.io is installed from .debs fetched on the control node (exactly the packages the host's
 apt asks for, from the Debian mirror only) and copied over SSH, so this works on an offline lab; the
@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 from busybox_image import IMAGE_REF, build_busybox_image
-from conftest import RunningLab
+from conftest import RunningLab, lab_name, skip_unless_lab_possible
 
+from gpufleet.lab import Lab
 from gpufleet.lab_sys import cache_dir, file_lock
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -81,9 +82,20 @@ def docker_debs(lab: RunningLab) -> list[Path]:
 
 
 @pytest.fixture(scope="module")
-def docker_hosts(lab: RunningLab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningLab]:
+def docker_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningLab]:
+    """A lab of its own (the session lab's hosts must stay docker-free for the docker role's tests)."""
+    skip_unless_lab_possible()
+    handle = Lab(lab_name("docker"), nodes=len(HOSTS), offline=True)
+    try:
+        lab = RunningLab(handle, handle.up())
+        _install_docker(lab, tmp_path_factory.mktemp("docker"))
+        yield lab
+    finally:
+        handle.down()
+
+
+def _install_docker(lab: RunningLab, staging: Path) -> None:
     debs = docker_debs(lab)
-    staging = tmp_path_factory.mktemp("docker")
     shutil.copy(build_busybox_image(lab.lab.state().suite), staging / "image.tar")
     playbook = staging / "install_docker.yml"
     playbook.write_text(INSTALL_PLAYBOOK % {"remote": REMOTE})
@@ -93,7 +105,6 @@ def docker_hosts(lab: RunningLab, tmp_path_factory: pytest.TempPathFactory) -> I
     }
     result = lab.playbook(playbook, "--extra-vars", json.dumps(extra))
     assert result.returncode == 0, result.stdout
-    yield lab
 
 
 @pytest.mark.parametrize("host", HOSTS)

@@ -56,7 +56,10 @@ def test_tcp_between_hosts_by_name(lab: RunningLab, source: str, target: str) ->
 def test_each_host_has_its_own_dev_shm(lab: RunningLab) -> None:
     assert lab.ssh("node1", "findmnt -n -o FSTYPE /dev/shm").stdout.strip() == "tmpfs"
     assert lab.ssh("node1", "echo node1 > /dev/shm/gpufleet-owner").returncode == 0
-    assert lab.ssh("node2", "test ! -e /dev/shm/gpufleet-owner").returncode == 0
+    try:
+        assert lab.ssh("node2", "test ! -e /dev/shm/gpufleet-owner").returncode == 0
+    finally:
+        lab.ssh("node1", "rm -f /dev/shm/gpufleet-owner")
 
 
 @pytest.mark.parametrize("host", HOSTS)
