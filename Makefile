@@ -15,7 +15,7 @@ demo: $(STAMP)  ## validate and plan the example production inventory
 	$(BIN)/gpufleet plan -i inventories/prod
 
 test: lab-prereqs $(STAMP) lint  ## everything CI runs: linters, then the whole pytest suite
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest --durations=30 $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/yamllint --strict .
