@@ -3,7 +3,9 @@
 Docker's official static tarball (``docker-<version>.tgz``) holds ``docker/<binary>``. Debian's
 docker.io, docker-cli, containerd, runc and tini packages hold the same programs, so repackaging them in
 that layout exercises the docker role's static-binary install path with real daemons: bookworm gives
-20.10, trixie 26.1. Nothing but Debian's mirror is contacted (the one this machine's apt already uses).
+20.10, trixie 26.1, at the suite's current versions. Downloads, the tarball writer and the lock are
+gpufleet's own (``gpufleet.bundle_debian``, ``gpufleet.bundle_lock``). Nothing but Debian's mirror is
+contacted (the one this machine's apt uses).
 
 Debian's builds are linked dynamically where the official ones are static: bookworm's dockerd needs
 libdevmapper (``runtime_library_debs`` fetches it for the lab host's suite) and trixie's binaries need
@@ -18,49 +20,44 @@ rebuild. Run as a script to build a bundle by hand (for ``molecule test -s docke
 from __future__ import annotations
 
 import argparse
-import fcntl
-import gzip
-import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
-import tarfile
 import tempfile
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
+from gpufleet.bundle_debian import Apt, write_tgz
+from gpufleet.bundle_fetch import BuildContext
+from gpufleet.bundle_lock import LOCK_NAME, Lock, lock_entry, read_lock, sha256_file, write_lock
+from gpufleet.lab_sys import cache_dir, file_lock
 
 SUITES = ("bookworm", "trixie")
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 
-# Where each binary of the official tarball comes from: (Debian package, path inside the package).
-BINARY_SOURCES: dict[str, dict[str, tuple[str, str]]] = {
-    "bookworm": {
-        "dockerd": ("docker.io", "usr/sbin/dockerd"),
-        "docker-proxy": ("docker.io", "usr/sbin/docker-proxy"),
-        "docker": ("docker.io", "usr/bin/docker"),
-    },
-    "trixie": {
-        "dockerd": ("docker.io", "usr/sbin/dockerd"),
-        "docker-proxy": ("docker.io", "usr/sbin/docker-proxy"),
-        "docker": ("docker-cli", "usr/bin/docker"),
-    },
+# Where each program of Docker's static tarball is in Debian's packages (trixie moved the CLI to
+# docker-cli). Named paths, not a search by file name: docker.io also ships /etc/default/docker.
+BINARY_PATHS = {
+    "containerd": "usr/bin/containerd",
+    "containerd-shim-runc-v2": "usr/bin/containerd-shim-runc-v2",
+    "ctr": "usr/bin/ctr",
+    "docker": "usr/bin/docker",
+    "docker-init": "usr/bin/tini-static",  # Docker's docker-init is tini, statically linked
+    "docker-proxy": "usr/sbin/docker-proxy",
+    "dockerd": "usr/sbin/dockerd",
+    "runc": "usr/sbin/runc",
 }
-COMMON_SOURCES: dict[str, tuple[str, str]] = {
-    "containerd": ("containerd", "usr/bin/containerd"),
-    "containerd-shim-runc-v2": ("containerd", "usr/bin/containerd-shim-runc-v2"),
-    "ctr": ("containerd", "usr/bin/ctr"),
-    "runc": ("runc", "usr/sbin/runc"),
-    "docker-init": ("tini", "usr/bin/tini-static"),  # Docker's docker-init is tini, statically linked
+DOCKER_PACKAGES = {
+    "bookworm": ("docker.io", "containerd", "runc", "tini"),
+    "trixie": ("docker.io", "docker-cli", "containerd", "runc", "tini"),
 }
-# Libraries Debian's dynamically linked dockerd 20.10 needs that a minimal host lacks (the official
-# static binaries need none); dmsetup and libdevmapper depend on each other, so both are installed.
+# Libraries Debian's dynamically linked dockerd 20.10 needs that a minimal trixie host lacks (bookworm's
+# systemd pulls them in; the official static binaries need none); they depend on each other.
 RUNTIME_LIBRARY_PACKAGES = ("libdevmapper1.02.1", "dmsetup")
+TEST_MANIFEST = "gpufleet tests (tests/integration/docker_tarball.py)"
 
 
 @dataclass(frozen=True)
@@ -74,8 +71,8 @@ class DockerTarball:
 
 
 def cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "gpufleet" / "docker-tarballs"
+    """~/.cache/gpufleet/docker-tarballs (beside the lab's root file systems)."""
+    return cache_dir().parent / "docker-tarballs"
 
 
 def debian_mirror() -> str:
@@ -90,57 +87,12 @@ def debian_mirror() -> str:
     return DEFAULT_MIRROR
 
 
-@contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _apt_config(suite: str, workdir: Path) -> dict[str, str]:
-    """Environment for an apt that sees only ``suite`` of this machine's Debian mirror, state in workdir."""
-    for sub in (
-        "etc/sources.list.d",
-        "etc/preferences.d",
-        "etc/apt.conf.d",
-        "lists/partial",
-        "cache/archives/partial",
-    ):
-        (workdir / sub).mkdir(parents=True, exist_ok=True)
-    (workdir / "status").touch()
-    keyring = "/usr/share/keyrings/debian-archive-keyring.gpg"
-    (workdir / "etc/sources.list").write_text(f"deb [signed-by={keyring}] {debian_mirror()} {suite} main\n")
-    (workdir / "apt.conf").write_text(
-        f'Dir::Etc "{workdir}/etc";\n'
-        f'Dir::Etc::sourcelist "{workdir}/etc/sources.list";\n'
-        f'Dir::Etc::sourceparts "{workdir}/etc/sources.list.d";\n'
-        f'Dir::State::lists "{workdir}/lists";\n'
-        f'Dir::State::status "{workdir}/status";\n'
-        f'Dir::Cache "{workdir}/cache";\n'
-        'APT::Architecture "amd64";\n'
-        'APT::Sandbox::User "root";\n'
-    )
-    return {**os.environ, "APT_CONFIG": str(workdir / "apt.conf")}
-
-
-def apt_download(suite: str, packages: Iterable[str], dest: Path) -> dict[str, Path]:
-    """Download ``packages`` of ``suite`` into ``dest``; returns package name -> .deb path."""
-    dest.mkdir(parents=True, exist_ok=True)
+def apt_download(suite: str, packages: Iterable[str], dest: Path) -> list[Path]:
+    """The current .debs of ``packages`` in ``suite`` (gpufleet's private-apt downloader), into ``dest``."""
     with tempfile.TemporaryDirectory(prefix=f"apt-{suite}-") as tmp:
-        env = _apt_config(suite, Path(tmp))
-        subprocess.run(["apt-get", "update", "-qq"], env=env, check=True, capture_output=True, timeout=300)
-        names = sorted(set(packages))
-        subprocess.run(["apt-get", "download", "-qq", *names], env=env, cwd=dest, check=True, timeout=600)
-    return {name: next(dest.glob(f"{name}_*.deb")) for name in names}
-
-
-def _deb_version(deb: Path) -> str:
-    out = subprocess.run(["dpkg-deb", "-f", str(deb), "Version"], capture_output=True, text=True, check=True)
-    return out.stdout.strip()
+        ctx = BuildContext(out=Path(tmp), manifest_dir=Path(tmp))
+        apt = Apt(ctx, debian_mirror(), suite, ["main"])
+        return apt.download(dict.fromkeys(packages, ""), dest, with_dependencies=False)
 
 
 def upstream_version(debian_version: str) -> str:
@@ -151,39 +103,9 @@ def upstream_version(debian_version: str) -> str:
     return match.group(1)
 
 
-def _normalise(info: tarfile.TarInfo) -> tarfile.TarInfo:
-    # Same bytes for the same inputs: no owner names, no build-time mtimes.
-    info.uid = info.gid = 0
-    info.uname = info.gname = "root"
-    info.mtime = 0
-    return info
-
-
-def _write_tarball(sources: dict[str, Path], dest: Path) -> None:
-    """Write ``dest`` in the official layout: a ``docker/`` folder of executables, gzip-compressed."""
-    partial = dest.with_suffix(".partial")
-    with (
-        partial.open("wb") as raw,
-        gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0) as gz,
-        tarfile.open(fileobj=gz, mode="w") as tar,
-    ):
-        folder = tarfile.TarInfo("docker")
-        folder.type, folder.mode = tarfile.DIRTYPE, 0o755
-        tar.addfile(_normalise(folder))
-        for name in sorted(sources):
-            info = _normalise(tar.gettarinfo(str(sources[name]), arcname=f"docker/{name}"))
-            info.mode = 0o755
-            with sources[name].open("rb") as handle:
-                tar.addfile(info, handle)
-    partial.rename(dest)
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+def _deb_version(deb: Path) -> str:
+    out = subprocess.run(["dpkg-deb", "-f", str(deb), "Version"], capture_output=True, text=True, check=True)
+    return out.stdout.strip()
 
 
 def build_tarball(suite: str) -> DockerTarball:
@@ -198,18 +120,17 @@ def build_tarball(suite: str) -> DockerTarball:
             tarball = DockerTarball(Path(recorded["path"]), recorded["version"], recorded["sha256"], suite)
             if tarball.path.is_file():
                 return tarball
-        sources = {**BINARY_SOURCES[suite], **COMMON_SOURCES}
-        with tempfile.TemporaryDirectory(prefix=f"docker-tarball-{suite}-") as tmp:
-            debs = apt_download(suite, {pkg for pkg, _ in sources.values()}, Path(tmp) / "debs")
-            tree = Path(tmp) / "tree"
-            for deb in debs.values():
-                subprocess.run(["dpkg-deb", "-x", str(deb), str(tree)], check=True)
-            version = upstream_version(_deb_version(debs["docker.io"]))
-            binaries = {name: tree / inner for name, (_, inner) in sources.items()}
+        with tempfile.TemporaryDirectory(prefix=f"docker-debs-{suite}-") as tmp:
+            debs = apt_download(suite, DOCKER_PACKAGES[suite], Path(tmp))
+            docker_io = next(deb for deb in debs if deb.name.startswith("docker.io_"))
+            version = upstream_version(_deb_version(docker_io))
+            for deb in debs:
+                subprocess.run(["dpkg-deb", "-x", str(deb), f"{tmp}/tree"], check=True)
+            binaries = {name: Path(tmp, "tree", inner).read_bytes() for name, inner in BINARY_PATHS.items()}
             folder.mkdir(parents=True, exist_ok=True)
             path = folder / f"docker-{version}.tgz"
-            _write_tarball(binaries, path)
-        tarball = DockerTarball(path, version, sha256_of(path), suite)
+            write_tgz(path, binaries, directory="docker")  # the bundle builder's deterministic writer
+        tarball = DockerTarball(path, version, sha256_file(path), suite)
         meta.write_text(json.dumps({"path": str(path), "version": version, "sha256": tarball.sha256}))
         return tarball
 
@@ -221,17 +142,22 @@ def runtime_library_debs(suite: str) -> list[Path]:
         found = {name: sorted(folder.glob(f"{name}_*.deb")) for name in RUNTIME_LIBRARY_PACKAGES}
         if all(found.values()):
             return [paths[-1] for paths in found.values()]
-        return list(apt_download(suite, RUNTIME_LIBRARY_PACKAGES, folder).values())
+        return apt_download(suite, RUNTIME_LIBRARY_PACKAGES, folder)
+
+
+def add_to_lock(bundle: Path, entries: dict[str, tuple[str, str]]) -> None:
+    """Record bundle files (relative path -> (version, source)) in bundle.lock.yml, keeping other entries."""
+    lock = read_lock(bundle) if (bundle / LOCK_NAME).is_file() else Lock(manifest=TEST_MANIFEST, files=[])
+    files = lock.by_path()
+    for relative, (version, source) in entries.items():
+        files[relative] = lock_entry(bundle, relative, version, source)
+    write_lock(bundle, lock.model_copy(update={"files": list(files.values())}))
 
 
 def write_bundle(tarballs: Iterable[DockerTarball], bundle: Path) -> Path:
-    """Lay ``tarballs`` out as an offline bundle (docs/conventions.md): docker/ plus bundle.lock.yml.
-
-    Entries of bundle.lock.yml for other files (another helper's) are kept; those of these tarballs replaced.
-    """
+    """Lay ``tarballs`` out as an offline bundle (docs/conventions.md): docker/ plus bundle.lock.yml."""
     (bundle / "docker").mkdir(parents=True, exist_ok=True)
-    lock_path = bundle / "bundle.lock.yml"
-    entries = {entry["path"]: entry for entry in lock_files(lock_path)}
+    entries = {}
     for tarball in tarballs:
         relative = f"docker/{tarball.path.name}"
         target = bundle / relative
@@ -240,20 +166,9 @@ def write_bundle(tarballs: Iterable[DockerTarball], bundle: Path) -> Path:
                 os.link(tarball.path, target)
             except OSError:  # another file system than the cache
                 shutil.copy2(tarball.path, target)
-        entries[relative] = {
-            "path": relative,
-            "size": target.stat().st_size,
-            "sha256": tarball.sha256,
-            "version": tarball.version,
-            "source": f"Debian {tarball.suite} docker.io, containerd, runc, tini (gpufleet test repack)",
-        }
-    lock_path.write_text(yaml.safe_dump({"files": list(entries.values())}, sort_keys=False))
+        entries[relative] = (tarball.version, f"debian:{tarball.suite} docker.io (test repack)")
+    add_to_lock(bundle, entries)
     return bundle
-
-
-def lock_files(lock_path: Path) -> list[dict[str, object]]:
-    lock = yaml.safe_load(lock_path.read_text()) if lock_path.is_file() else None
-    return list((lock or {}).get("files") or [])
 
 
 def main() -> None:

@@ -12,15 +12,17 @@ host only.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-from docker_tarball import cache_root, file_lock, lock_files, sha256_of
+from docker_tarball import add_to_lock, cache_root
 
-VERSION = "1.17.8"
+from gpufleet.lab_sys import file_lock
+
+VERSION = "1.17.4"  # the role default, as offline_bundle/manifest.yml pins it
 RELEASE = "1"
 DEB_VERSION = f"{VERSION}-{RELEASE}"
 
@@ -109,30 +111,16 @@ def build_double_debs() -> list[Path]:
 
 
 def add_to_bundle(bundle: Path) -> list[Path]:
-    """Copy the doubles into ``bundle``/nvidia_container_toolkit/<version>/ and list them in its lock."""
+    """Copy the doubles into ``bundle``/nvidia_container_toolkit/<version>/ and record them in its lock."""
     target = bundle / "nvidia_container_toolkit" / VERSION
     target.mkdir(parents=True, exist_ok=True)
-    lock_path = bundle / "bundle.lock.yml"
-    files = [
-        entry
-        for entry in lock_files(lock_path)
-        if not str(entry["path"]).startswith("nvidia_container_toolkit/")
-    ]
     copied = []
     for deb in build_double_debs():
         dest = target / deb.name
-        dest.write_bytes(deb.read_bytes())
+        shutil.copyfile(deb, dest)
         copied.append(dest)
-        files.append(
-            {
-                "path": str(dest.relative_to(bundle)),
-                "size": dest.stat().st_size,
-                "sha256": sha256_of(dest),
-                "version": VERSION,
-                "source": "TEST DOUBLE (tests/integration/nvidia_toolkit_double.py), not NVIDIA software",
-            }
-        )
-    lock_path.write_text(yaml.safe_dump({"files": files}, sort_keys=False))
+    source = "TEST DOUBLE (tests/integration/nvidia_toolkit_double.py), not NVIDIA software"
+    add_to_lock(bundle, {str(path.relative_to(bundle)): (VERSION, source) for path in copied})
     return copied
 
 

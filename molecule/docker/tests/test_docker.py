@@ -26,9 +26,10 @@ IMAGE = "gpufleet-test/busybox:1"
 
 
 def expected_version() -> str:
-    """The version converge installed: the first tarball of the test bundle that prepare wrote."""
+    """The version converge installed: the first Docker tarball of the test bundle that prepare wrote."""
     lock = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "bundle" / "bundle.lock.yml"
-    return str(yaml.safe_load(lock.read_text())["files"][0]["version"])
+    files = yaml.safe_load(lock.read_text())["files"]
+    return str(next(entry["version"] for entry in files if entry["path"].startswith("docker/")))
 
 
 def docker_info(host: Any) -> dict[str, Any]:

@@ -19,7 +19,7 @@ PACKAGES = (
 def test_package_is_installed_at_the_pinned_version(host: Any, name: str) -> None:
     package = host.package(name)
     assert package.is_installed
-    assert package.version == "1.17.8-1"
+    assert package.version == "1.17.4-1"
 
 
 def test_installed_packages_are_the_test_doubles(host: Any) -> None:
@@ -29,7 +29,7 @@ def test_installed_packages_are_the_test_doubles(host: Any) -> None:
 
 
 def test_nvidia_ctk_reports_the_version(host: Any) -> None:
-    assert "version 1.17.8" in host.check_output("nvidia-ctk --version")
+    assert "version 1.17.4" in host.check_output("nvidia-ctk --version")
 
 
 def test_daemon_json_registers_the_nvidia_runtime(host: Any) -> None:
