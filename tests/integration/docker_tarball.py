@@ -32,7 +32,7 @@ from pathlib import Path
 
 from gpufleet.bundle_debian import Apt, write_tgz
 from gpufleet.bundle_fetch import BuildContext
-from gpufleet.bundle_lock import LOCK_NAME, Lock, lock_entry, read_lock, sha256_file, write_lock
+from gpufleet.bundle_lock import Lock, LockError, lock_entry, read_lock, sha256_file, write_lock
 from gpufleet.lab_sys import cache_dir, file_lock
 
 SUITES = ("bookworm", "trixie")
@@ -147,7 +147,10 @@ def runtime_library_debs(suite: str) -> list[Path]:
 
 def add_to_lock(bundle: Path, entries: dict[str, tuple[str, str]]) -> None:
     """Record bundle files (relative path -> (version, source)) in bundle.lock.yml, keeping other entries."""
-    lock = read_lock(bundle) if (bundle / LOCK_NAME).is_file() else Lock(manifest=TEST_MANIFEST, files=[])
+    try:
+        lock = read_lock(bundle)
+    except LockError:  # no lock yet, or one an older helper wrote: start a new one
+        lock = Lock(manifest=TEST_MANIFEST, files=[])
     files = lock.by_path()
     for relative, (version, source) in entries.items():
         files[relative] = lock_entry(bundle, relative, version, source)
