@@ -103,6 +103,27 @@ ExecStart=/bin/sh -c 'for m in /sys/fs/cgroup/*/; do mount -o remount,bind,rw "$
 WantedBy=multi-user.target
 """
 
+# nspawn mounts /sys before the host joins its network namespace, so /sys/class/net would list the
+# machine's interfaces, not the host's: Ansible's facts (and preflight's NIC check) would see the wrong
+# NICs. A sysfs mounted from inside the namespace shows the host's own devices; bind its net views over.
+NETNS_SYSFS_UNIT = """\
+[Unit]
+Description=Show this host's own network devices in /sys/class/net
+DefaultDependencies=no
+ConditionVirtualization=container
+Before=network-pre.target ssh.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/sh -c 'mkdir -p /run/netns-sysfs && mount -t sysfs sysfs /run/netns-sysfs && \\
+  mount --bind /run/netns-sysfs/class/net /sys/class/net && \\
+  mount --bind /run/netns-sysfs/devices/virtual/net /sys/devices/virtual/net'
+
+[Install]
+WantedBy=multi-user.target
+"""
+
 LAYER_FILES = {
     # Empty machine-id: systemd makes a fresh one per boot, so hosts do not share an identity.
     "etc/machine-id": "",
@@ -111,11 +132,15 @@ LAYER_FILES = {
     # Hosts live seconds to minutes: keep the journal in memory (journalctl still works).
     "etc/systemd/journald.conf.d/gpufleet-lab.conf": "[Journal]\nStorage=volatile\n",
     "etc/systemd/system/cgroup-rw.service": CGROUP_RW_UNIT,
+    "etc/systemd/system/netns-sysfs.service": NETNS_SYSFS_UNIT,
 }
 LAYER_LINKS = {
     **{f"etc/systemd/system/{unit}": "/dev/null" for unit in MASKED_UNITS},
     **{f"etc/systemd/system-generators/{name}": "/dev/null" for name in MASKED_GENERATORS},
-    "etc/systemd/system/multi-user.target.wants/cgroup-rw.service": "/etc/systemd/system/cgroup-rw.service",
+    **{
+        f"etc/systemd/system/multi-user.target.wants/{unit}": f"/etc/systemd/system/{unit}"
+        for unit in ("cgroup-rw.service", "netns-sysfs.service")
+    },
 }
 
 

@@ -53,6 +53,17 @@ def test_tcp_between_hosts_by_name(lab: RunningLab, source: str, target: str) ->
     assert banner.stdout == "SSH-2.0", banner.stderr
 
 
+@pytest.mark.parametrize("host", HOSTS)
+def test_sysfs_lists_only_the_hosts_own_network_devices(lab: RunningLab, host: str) -> None:
+    # Ansible's facts read /sys/class/net: the machine's interfaces there would fool preflight's NIC check.
+    devices = set(lab.ssh(host, "ls /sys/class/net").stdout.split())
+    links = {
+        line.split(":")[1].strip().split("@")[0] for line in lab.ssh(host, "ip -o link").stdout.splitlines()
+    }
+    assert devices == links
+    assert "eth0" in devices
+
+
 def test_each_host_has_its_own_dev_shm(lab: RunningLab) -> None:
     assert lab.ssh("node1", "findmnt -n -o FSTYPE /dev/shm").stdout.strip() == "tmpfs"
     assert lab.ssh("node1", "echo node1 > /dev/shm/gpufleet-owner").returncode == 0
