@@ -124,6 +124,23 @@ def tagged_rules(name: str | None) -> list[tuple[str, list[str]]]:
     return found
 
 
+def outbound_drops(name: str) -> int:
+    """Packets lab ``name``'s hosts sent beyond the lab, as its offline DROP rules counted them (iptables -v).
+
+    Only an offline lab has these rules (else 0). Hosts have no default route, so a host that must not leave
+    the lab fails at once; give it one to the bridge address (``ip route add default via <bridge_ip>``) to
+    have such attempts reach the bridge, be dropped here and counted.
+    """
+    total = 0
+    for line in run(["iptables", "-w", "-t", "filter", "-S", "-v"]).stdout.splitlines():
+        rule = shlex.split(line)
+        tagged = "--comment" in rule and rule[rule.index("--comment") + 1] == f"gpufleet-lab:{name}"
+        from_hosts = "-i" in rule and rule[rule.index("-i") - 1] != "!"
+        if tagged and from_hosts and rule[-2:] == ["-j", "DROP"] and "-c" in rule:
+            total += int(rule[rule.index("-c") + 1])
+    return total
+
+
 def _iptables(args: list[str]) -> None:
     run(["iptables", "-w", *args])
 
