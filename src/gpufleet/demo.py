@@ -1,0 +1,276 @@
+"""The air-gapped end-to-end deployment on three lab hosts: what ``make demo`` runs.
+
+``python -m gpufleet.demo [--name demo] [--bundle dist/lab-bundle] [--down]``:
+
+1. **The lab bundle** (``dist/lab-bundle``): ``offline_bundle/manifest.lab.yml`` (Docker 20.10 repackaged
+   from bookworm's .debs, a busybox image, the tiny model as a git-lfs repository made offline) plus the CPU
+   serving image (vLLM's CPU build + Ray, :mod:`gpufleet.serving_image`). That image is built on this
+   machine, so its sha256 and image ID are known only here: they go into a derived manifest
+   (``dist/lab-demo/manifest.yml``) from which :func:`gpufleet.bundle.build` writes the bundle and its lock.
+   Every piece is cached: a second run re-checks and fetches nothing.
+2. **The lab**: three offline hosts (``gpufleet lab up --name demo --nodes 3 --offline``), reused while
+   they are up. Each host gets a default route to this machine's bridge address, where the lab's DROP
+   rules drop and count anything not meant for the lab: after the deploy, that count shows whether any
+   host tried to reach beyond it.
+3. **Deploy** every stage from the bundle (:func:`gpufleet.runner.deploy`: live table, then the report),
+   compared with the planner's prediction for the lab (:func:`lab_plan`).
+4. **A chat completion** from this machine through the endpoint, with the API key.
+
+The lab stays up at the end (``gpufleet lab down --name demo`` removes it), so that running the demo again
+shows a deploy that changes nothing; ``--down`` takes it down instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+
+from gpufleet.lab import Lab, LabInventory
+from gpufleet.lab_net import outbound_drops
+from gpufleet.paths import project_root
+
+REPO = project_root() or Path(__file__).resolve().parents[2]
+LAB_MANIFEST = REPO / "offline_bundle" / "manifest.lab.yml"
+DIST = REPO / "dist"
+DEMO_LAB = "demo"
+PROMPT = "Say hello to the cluster."
+
+
+@contextmanager
+def step(console: Console, title: str, timings: dict[str, float], key: str) -> Iterator[None]:
+    """Print a step's title, time it into ``timings[key]``."""
+    console.rule(f"[bold]{title}")
+    start = time.monotonic()
+    yield
+    timings[key] = round(time.monotonic() - start, 1)
+    console.print(f"[dim]{title}: {timings[key]:.1f} s")
+
+
+# ----- the lab bundle -----------------------------------------------------------------------------
+def model_remote(manifest: dict[str, Any], work: Path) -> None:
+    """The tiny model, published where the lab manifest's model source points (deterministic: same commit)."""
+    from gpufleet.bundle_lfs import make_lfs_repo  # noqa: PLC0415  (tokenizers: only when building)
+    from gpufleet.tiny_model import write_tiny_model  # noqa: PLC0415
+
+    model = manifest["model"]
+    bare = (LAB_MANIFEST.parent / model["source"]["url"]).resolve()
+    head = bare / "refs" / "heads" / "master"
+    if head.is_file() and head.read_text().strip() == model["revision"]:
+        return
+    _, commit = make_lfs_repo(write_tiny_model(work / "tiny-qwen2"), bare.parent.parent, model["repo"])
+    if commit != model["revision"]:
+        raise RuntimeError(
+            f"{LAB_MANIFEST}: model.revision: found {model['revision']}; the tiny model now publishes as "
+            f"{commit}. Fix: pin model.revision to {commit} (gpufleet.tiny_model changed)"
+        )
+
+
+def write_manifest(work: Path, console: Console) -> Path:
+    """The lab manifest plus the serving image built (or found cached) on this machine."""
+    from gpufleet.serving_image import DEFAULT_SPEC, ImageSpec, build  # noqa: PLC0415
+
+    manifest = yaml.safe_load(LAB_MANIFEST.read_text(encoding="utf-8"))
+    model_remote(manifest, work)
+    image = build(ImageSpec.load(DEFAULT_SPEC))
+    console.print(f"serving image {image.tag}: {image.size / 2**30:.2f} GiB, {image.image_id[:19]}…")
+    name, tag = image.tag.rsplit(":", 1)
+    source = {"kind": "docker-archive", "path": str(image.path), "sha256": image.sha256}
+    manifest["images"] = [
+        *[entry for entry in manifest.get("images", []) if entry["name"] != name],
+        {"name": name, "tag": tag, "id": image.image_id, "source": source},
+    ]
+    manifest["model"]["source"]["url"] = str(
+        (LAB_MANIFEST.parent / manifest["model"]["source"]["url"]).resolve()
+    )
+    path = work / "manifest.yml"
+    text = "# Derived by gpufleet.demo from offline_bundle/manifest.lab.yml + this machine's serving image.\n"
+    path.write_text(text + yaml.safe_dump(manifest, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def build_lab_bundle(out: Path, work: Path, console: Console) -> Path:
+    """Build (or complete and re-check) the lab bundle in ``out``; raises RuntimeError on any problem."""
+    from gpufleet.bundle import build, verify  # noqa: PLC0415
+
+    work.mkdir(parents=True, exist_ok=True)
+    result = build(write_manifest(work, console), out, console=console)
+    problems = verify(out)
+    if problems:
+        raise RuntimeError(f"bundle {out}: " + "; ".join(problems))
+    size = sum(entry.size for entry in result.lock.files)
+    console.print(
+        f"bundle {out}: {len(result.lock.files)} files, {size / 2**30:.2f} GiB; "
+        f"fetched {', '.join(result.fetched) or 'nothing'}; "
+        f"already present {', '.join(result.reused) or 'nothing'}; verified"
+    )
+    return out
+
+
+# ----- the lab ------------------------------------------------------------------------------------
+def ensure_lab(name: str, console: Console) -> tuple[Lab, LabInventory]:
+    """The running offline lab of that name when all three hosts answer, else three fresh ones."""
+    lab = Lab(name, nodes=3, offline=True)
+    try:
+        inventory = lab.inventory()
+        healthy = inventory.offline and len(inventory.hosts) == 3 and all(h.ssh for h in lab.status())
+    except Exception:  # no lab, or a broken one: either way a fresh one follows
+        healthy = False
+    if healthy:
+        console.print(f"lab {name}: already up ({', '.join(inventory.ips.values())}), reused")
+        return lab, inventory
+    inventory = lab.up()
+    console.print(f"lab {name}: {len(inventory.hosts)} offline hosts up on {inventory.subnet}")
+    return lab, inventory
+
+
+def route_to_bridge(lab: Lab, inventory: LabInventory) -> None:
+    """A default route to the bridge on each host: a try to leave the lab is dropped and counted there."""
+    for host in inventory.hosts:
+        lab.ssh(host.name, f"ip route replace default via {inventory.bridge_ip}", timeout=30, check=True)
+
+
+# ----- the plan and the endpoint ------------------------------------------------------------------
+def lab_plan(inventory: Path, bundle: Path) -> Any:
+    """The planner's prediction for a lab inventory (gpufleet.planner.Plan).
+
+    The lab has no GPU, so ``gpufleet plan`` plans nothing there. vLLM's CPU build holds its KV cache in
+    host memory, sized by ``vllm_service_kv_cache_memory_gib``: planned as one device with this machine's
+    memory, the KV-cache memory, tokens and concurrency come out exact, and the weights as computed.
+    """
+    from gpufleet.inventory import load_fleet  # noqa: PLC0415  (imports ansible)
+    from gpufleet.planner import GpuDevice, PlanRequest, load_model_config, plan  # noqa: PLC0415
+
+    fleet = load_fleet(inventory)
+    memory = int(Path("/proc/meminfo").read_text().split()[1]) / 2**20  # MemTotal, KiB -> GiB
+    request = PlanRequest(
+        hf_config=load_model_config(bundle / "models" / fleet.model.repo / "config.json"),
+        gpus=(GpuDevice(name="CPU (lab)", memory_gib=memory),),
+        **fleet.serving.model_dump(exclude={"served_model_name", "port"}),
+    )
+    return plan(request)
+
+
+def chat(endpoint: str, key: str | None, model: str, prompt: str = PROMPT) -> tuple[int, dict[str, Any]]:
+    """One chat completion at temperature 0: (HTTP status, JSON body or {})."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "temperature": 0,
+        "max_tokens": 16,
+    }
+    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
+    request = urllib.request.Request(f"{endpoint}/chat/completions", json.dumps(body).encode(), headers)
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:  # the lab network only
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, {}
+
+
+def api_key_file(inventory: Path) -> Path:
+    """Where vllm_service keeps the key by default: ``gpufleet.apikey`` beside the inventory."""
+    return inventory.parent / "gpufleet.apikey"
+
+
+# ----- the demo -----------------------------------------------------------------------------------
+def deploy_lab(inventory: Path, bundle: Path, console: Console) -> Any:
+    """Every stage from the bundle, shown live; the report compared with the lab's plan (DeployReport)."""
+    from gpufleet.progress import LiveProgress, print_deploy_report  # noqa: PLC0415
+    from gpufleet.runner import deploy  # noqa: PLC0415
+
+    with LiveProgress(Console(stderr=True)) as live:
+        report = deploy(inventory, bundle=bundle, progress=live)
+    if report.vllm is not None:
+        report = report.compared_with(lab_plan(inventory, bundle))
+    print_deploy_report(console, report)
+    return report
+
+
+def show_endpoint(report: Any, inventory: Path, console: Console) -> bool:
+    """A chat completion through the endpoint from this machine, with the key; and a refusal without it."""
+    if report.endpoint is None or report.served_model is None:
+        console.print("[red]no endpoint in the report: nothing to ask")
+        return False
+    key = api_key_file(inventory).read_text(encoding="utf-8").strip()
+    status, body = chat(report.endpoint, key, report.served_model)
+    refused, _ = chat(report.endpoint, None, report.served_model)
+    if status != 200:
+        console.print(f"[red]{report.endpoint}/chat/completions answered HTTP {status}")
+        return False
+    answer = body["choices"][0]["message"]["content"]
+    console.print(f"POST {report.endpoint}/chat/completions (model {report.served_model}, temperature 0):")
+    console.print(f"  user: {PROMPT}\n  {report.served_model}: {answer!r}")
+    console.print(f"  without the API key: HTTP {refused}")
+    return refused == 401
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console()
+    timings: dict[str, float] = {}
+    with step(
+        console, "1/4 The lab bundle: Docker, the CPU serving image, the tiny model", timings, "bundle"
+    ):
+        bundle = build_lab_bundle(args.bundle.resolve(), DIST / "lab-demo", console)
+    with step(console, f"2/4 Three offline lab hosts (lab {args.name})", timings, "lab"):
+        lab, lab_inventory = ensure_lab(args.name, console)
+        route_to_bridge(lab, lab_inventory)
+        before = outbound_drops(args.name)
+    with step(console, "3/4 Deploy every stage from the bundle", timings, "deploy"):
+        report = deploy_lab(lab_inventory.inventory, bundle, console)
+    ok = report.ok
+    with step(console, "4/4 The endpoint", timings, "endpoint"):
+        ok = ok and show_endpoint(report, lab_inventory.inventory, console)
+        left = outbound_drops(args.name) - before
+        console.print(f"packets the hosts sent beyond the lab during the deploy (dropped): {left}")
+    console.rule()
+    changes = "no changes" if report.changed == 0 else f"{report.changed} changed tasks"
+    console.print(
+        f"deploy {'ok' if report.ok else 'FAILED'} in {report.seconds:.0f} s ({changes}); steps: {timings}"
+    )
+    if args.down:
+        lab.down()
+        console.print(f"lab {args.name}: taken down")
+    else:
+        console.print(
+            f"lab {args.name} is left up: inventory {lab_inventory.inventory}\n"
+            f"  .venv/bin/gpufleet status -i {lab_inventory.inventory}\n"
+            f"  .venv/bin/gpufleet lab ssh --name {args.name} node1\n"
+            f"  sudo .venv/bin/gpufleet lab down --name {args.name}    # remove it"
+        )
+    return 0 if ok and left == 0 else 1
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    parser = parser or argparse.ArgumentParser(
+        prog="python -m gpufleet.demo", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--name", default=DEMO_LAB, help="lab name (default: %(default)s)")
+    parser.add_argument(
+        "--bundle", type=Path, default=DIST / "lab-bundle", help="bundle directory (default: %(default)s)"
+    )
+    parser.add_argument("--down", action="store_true", help="take the lab down at the end")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (RuntimeError, OSError) as error:
+        print(f"gpufleet demo: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
