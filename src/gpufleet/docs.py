@@ -38,10 +38,14 @@ FLEET_VARIABLE_DOCS: dict[str, str] = {
 }
 
 
+SERVING_FLAGS = {"kv_cache_memory_gib": "--kv-cache-memory` (given here in GiB)"}
+
+
 def _serving_doc(field_name: str) -> str:
     info = ServingSpec.model_fields[field_name]
     default = "none" if info.default is None else f"`{info.default}`"
-    return f"vLLM `--{field_name.replace('_', '-')}`. Default {default}."
+    flag = SERVING_FLAGS.get(field_name, f"--{field_name.replace('_', '-')}`")
+    return f"vLLM `{flag}. Default {default}."
 
 
 def variables_section(root: Path) -> str:
@@ -68,7 +72,8 @@ def variables_section(root: Path) -> str:
             option = options[name] or {}
             description = " ".join(_as_list(option.get("description", "")))
             default = option.get("default", "required" if option.get("required") else "none")
-            lines.append(f"| `{name}` | `{default}` | {description.replace('|', '/')} |")
+            cells = (f"`{default}`", description)
+            lines.append(f"| `{name}` | " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     return "\n".join(lines)
 
 

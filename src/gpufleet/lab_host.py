@@ -157,9 +157,12 @@ def processes(spec: HostSpec) -> set[int]:
     """Every process in this host's cgroup subtree (any hierarchy)."""
     pids: set[int] = set()
     for directory in spec.cgroups:
-        for procs in Path(directory).rglob("cgroup.procs") if Path(directory).is_dir() else []:
+        # os.walk, not Path.rglob: a sub-cgroup removed mid-walk is skipped instead of raising.
+        for root, _dirs, files in os.walk(directory):
+            if "cgroup.procs" not in files:
+                continue
             try:
-                pids.update(int(pid) for pid in procs.read_text().split())
+                pids.update(int(pid) for pid in Path(root, "cgroup.procs").read_text().split())
             except OSError:
                 continue  # the cgroup went away while we walked
     return pids
