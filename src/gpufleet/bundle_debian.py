@@ -123,11 +123,17 @@ def write_tgz(dest: Path, members: Mapping[str, bytes], *, directory: str) -> No
 
 
 def find_binaries(tree: Path, names: tuple[str, ...]) -> dict[str, bytes]:
-    """Executables named ``names`` anywhere below ``tree`` (bin, sbin, libexec...), first match wins."""
+    """Executables named ``names`` anywhere below ``tree`` (bin, sbin, libexec...), first match wins.
+
+    Only executable files count: docker.io also ships /etc/default/docker, a shell fragment that sorts
+    before usr/bin/docker and would otherwise become the tarball's docker CLI.
+    """
     found: dict[str, bytes] = {}
     for path in sorted(tree.rglob("*")):
         name = BINARY_ALIASES.get(path.name, path.name)
-        if name in names and name not in found and path.is_file() and not path.is_symlink():
+        if name not in names or name in found or not path.is_file() or path.is_symlink():
+            continue
+        if path.stat().st_mode & 0o111:
             found[name] = path.read_bytes()
     return found
 

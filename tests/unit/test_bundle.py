@@ -253,3 +253,16 @@ def test_lock_is_sorted_and_has_no_timestamps(built: Path) -> None:
 
 def test_threads_do_not_leak(http_root: tuple[LfsServer, Path]) -> None:
     assert any(thread.name == "lfs-server" for thread in threading.enumerate())
+
+
+def test_docker_binaries_are_executables_not_same_named_config_files(tmp_path: Path) -> None:
+    from gpufleet.bundle_debian import DOCKER_BINARIES, find_binaries
+
+    (tmp_path / "etc/default").mkdir(parents=True)
+    (tmp_path / "etc/default/docker").write_text("# sourced by the init script\n")
+    (tmp_path / "usr/bin").mkdir(parents=True)
+    cli = tmp_path / "usr/bin/docker"
+    cli.write_bytes(b"\x7fELF docker cli")
+    cli.chmod(0o755)
+
+    assert find_binaries(tmp_path, DOCKER_BINARIES) == {"docker": b"\x7fELF docker cli"}
