@@ -123,17 +123,18 @@ def write_tgz(dest: Path, members: Mapping[str, bytes], *, directory: str) -> No
 
 
 def find_binaries(tree: Path, names: tuple[str, ...]) -> dict[str, bytes]:
-    """Executables named ``names`` anywhere below ``tree`` (bin, sbin, libexec...), first match wins.
+    """Executables named ``names`` in a bin, sbin or libexec directory below ``tree``, first match wins.
 
-    Only executable files count: docker.io also ships /etc/default/docker, a shell fragment that sorts
-    before usr/bin/docker and would otherwise become the tarball's docker CLI.
+    docker.io also ships /etc/default/docker (a shell fragment) and /etc/init.d/docker (an executable
+    init script); both sort before usr/bin/docker and would otherwise become the tarball's docker CLI.
     """
     found: dict[str, bytes] = {}
     for path in sorted(tree.rglob("*")):
         name = BINARY_ALIASES.get(path.name, path.name)
         if name not in names or name in found or not path.is_file() or path.is_symlink():
             continue
-        if path.stat().st_mode & 0o111:
+        in_bin = {"bin", "sbin", "libexec"} & set(path.relative_to(tree).parts[:-1])
+        if in_bin and path.stat().st_mode & 0o111:
             found[name] = path.read_bytes()
     return found
 

@@ -260,6 +260,9 @@ def test_docker_binaries_are_executables_not_same_named_config_files(tmp_path: P
 
     (tmp_path / "etc/default").mkdir(parents=True)
     (tmp_path / "etc/default/docker").write_text("# sourced by the init script\n")
+    (tmp_path / "etc/init.d").mkdir(parents=True)
+    (tmp_path / "etc/init.d/docker").write_text("#!/bin/sh\n")
+    (tmp_path / "etc/init.d/docker").chmod(0o755)
     (tmp_path / "usr/bin").mkdir(parents=True)
     cli = tmp_path / "usr/bin/docker"
     cli.write_bytes(b"\x7fELF docker cli")
