@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.lab import Lab, LabInventory
+from gpufleet.lab_state import load as load_lab_state
 from gpufleet.lab_sys import missing_prerequisites, state_root
 
 REPO = Path(__file__).resolve().parents[2]
@@ -137,3 +138,43 @@ def own_lab() -> Iterator[list[Lab]]:
     finally:
         for handle in labs:
             handle.down()
+
+
+MOLECULE_ACTIONS = ("check", "converge", "idempotence", "verify", "destroy")
+
+
+def run_molecule(scenario: str, extra_env: dict[str, str] | None = None, timeout: int = 1800) -> str:
+    """``molecule test -s SCENARIO`` on a lab owned by this pytest process; returns Molecule's output.
+
+    Asserts that Molecule succeeded, that every action of the sequence (and prepare, where the scenario
+    has one) ran successfully, that a second check on converged hosts changed nothing, and that destroy
+    left no lab behind.
+    """
+    skip_unless_lab_possible()
+    name = lab_name("molecule")
+    env = ansible_env() | (extra_env or {}) | {"GPUFLEET_MOLECULE_LAB": name}
+    del env["ANSIBLE_CONFIG"]  # Molecule writes and uses its own ansible.cfg (molecule/shared/base.yml)
+    result = subprocess.run(
+        [str(VENV_BIN / "molecule"), "test", "--scenario-name", scenario],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    out = result.stdout
+    tail = out[-8000:]
+    assert result.returncode == 0, tail
+    step = rf"{re.escape(scenario)} (?:➜|>) "  # "➜" on a terminal, ">" elsewhere
+    actions = [*MOLECULE_ACTIONS, *(["prepare"] if re.search(step + r"prepare\]?:? Executing", out) else [])]
+    for action in actions:
+        assert re.search(step + action + r"\]?:? Executed: Successful", out), tail
+    checks = [match.end() for match in re.finditer(step + r"check\]?:? Executing", out)]
+    if len(checks) > 1:  # the second check runs on converged hosts: nothing may change
+        last = out[checks[-1] :]
+        changed = re.findall(r"changed=(\d+)", last[: last.index("Executed")])
+        assert changed and set(changed) == {"0"}, last[-3000:]
+    assert load_lab_state(name) is None, f"destroy left the lab {name} up"
+    return out

@@ -1,8 +1,8 @@
 """The nvidia_driver and cuda_toolkit roles on lab hosts.
 
-- Molecule scenarios molecule/nvidia_driver (lab mode + the .run installer TEST DOUBLE) and
-  molecule/cuda_toolkit (Debian trixie's real nvidia-cuda-toolkit 12.4.131 from an offline repository, on a
-  host whose network is cut off).
+- Their Molecule scenarios (molecule/nvidia_driver: lab mode + the .run installer TEST DOUBLE;
+  molecule/cuda_toolkit: Debian trixie's real nvidia-cuda-toolkit 12.4.131 from an offline repository, on a
+  host whose network is cut off) run from test_molecule.py.
 - nvidia_driver behaviours that need a fresh host each: the no-GPU failure, lab mode, check mode on a fresh
   and a converged host, mismatch handling, a pending reboot, a wrong sha256. The GPU-only paths use the
   TEST DOUBLE (tests/doubles/nvidia-installer-double.sh); the real driver path is run on the GPU machine
@@ -19,11 +19,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, RunningLab, ansible_env, lab_name, skip_unless_lab_possible
+from conftest import RunningLab, lab_name, skip_unless_lab_possible
 from gpu_roles_support import driver_bundle
 
 from gpufleet.lab import Lab
-from gpufleet.lab_state import load
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -200,35 +199,3 @@ def test_wrong_sha256_stops_before_anything_is_copied(host: DriverHost, bundles:
     assert "Nothing was copied" in " ".join(result.stdout.split())
     assert not host.exists(f"/var/cache/gpufleet/nvidia_driver/NVIDIA-Linux-x86_64-{PIN}.run")
     assert host.calls() == []
-
-
-@pytest.mark.timeout(2400)
-@pytest.mark.parametrize("scenario", ["nvidia_driver", "cuda_toolkit"])
-def test_molecule_scenario_passes(scenario: str) -> None:
-    """check -> converge -> idempotence -> check -> testinfra verify -> destroy, on lab hosts."""
-    skip_unless_lab_possible()
-    env = ansible_env()
-    del env["ANSIBLE_CONFIG"]  # Molecule writes and uses its own ansible.cfg (molecule/shared/base.yml)
-    result = subprocess.run(
-        [str(REPO / ".venv/bin/molecule"), "test", "--scenario-name", scenario],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=2300,
-        check=False,
-    )
-    out = result.stdout
-    tail = out[-8000:]
-    assert result.returncode == 0, tail
-    for action in ("check", "converge", "idempotence", "verify", "destroy"):
-        assert re.search(rf"{scenario} (?:➜|>) {action}\]?:? Executed: Successful", out), tail
-    # The second check runs on the converged hosts: it must report no change on any host.
-    starts = [m.end() for m in re.finditer(rf"{scenario} (?:➜|>) check\]?:? Executing", out)]
-    assert len(starts) == 2, tail
-    last_check = out[starts[-1] :]
-    last_check = last_check[: last_check.index("Executed")]
-    changed = re.findall(r"changed=(\d+)", last_check)
-    assert changed and set(changed) == {"0"}, last_check[-3000:]
-    assert load(f"molecule-{scenario}") is None, "destroy left the lab up"
