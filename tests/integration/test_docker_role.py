@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import REPO, RunningLab, ansible_env, lab_name, skip_unless_lab_possible
+from conftest import RunningLab, lab_name, skip_unless_lab_possible
 from docker_tarball import DockerTarball, build_tarball, write_bundle
+from molecule_scenario import lab_left_up, run_scenario, unsuccessful_actions
 
 from gpufleet.lab import Lab
-from gpufleet.lab_state import load
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -259,20 +259,8 @@ def test_packaged_docker_is_removed_when_allowed(packaged_docker: DockerLab) -> 
 def test_molecule_docker_scenario_passes() -> None:
     """check (fresh), converge, idempotence, check (converged) and testinfra on three bookworm hosts."""
     skip_unless_lab_possible()
-    env = ansible_env()
-    del env["ANSIBLE_CONFIG"]  # Molecule writes and uses its own ansible.cfg
-    result = subprocess.run(
-        [str(REPO / ".venv/bin/molecule"), "test", "--scenario-name", "docker"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=1200,
-        check=False,
-    )
-    tail = result.stdout[-6000:]
-    assert result.returncode == 0, tail
-    for action in ("check", "converge", "idempotence", "verify", "destroy"):
-        assert f"docker ➜ {action}: Executed: Successful" in result.stdout, tail
-    assert load("molecule-docker") is None, "destroy left the lab up"
+    result = run_scenario("docker", timeout=1200)
+    assert result.returncode == 0, result.stdout[-6000:]
+    actions = ("check", "converge", "idempotence", "verify", "destroy")
+    assert unsuccessful_actions(result.stdout, "docker", actions) == [], result.stdout[-6000:]
+    assert not lab_left_up("docker"), "destroy left the lab up"

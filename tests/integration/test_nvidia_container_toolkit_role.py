@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import REPO, RunningLab, ansible_env, lab_name, skip_unless_lab_possible
+from conftest import RunningLab, lab_name, skip_unless_lab_possible
+from molecule_scenario import lab_left_up, run_scenario, unsuccessful_actions
 
 from gpufleet.lab import Lab
-from gpufleet.lab_state import load
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -109,20 +108,10 @@ def test_install_without_gpu_reports_and_skips_only_the_gpu_smoke_test(toolkit_l
 def test_molecule_nvidia_container_toolkit_scenario_passes() -> None:
     """docker + toolkit (test doubles) on one host: check, converge, idempotence, check, testinfra."""
     skip_unless_lab_possible()
-    env = ansible_env()
-    del env["ANSIBLE_CONFIG"]  # Molecule writes and uses its own ansible.cfg
-    result = subprocess.run(
-        [str(REPO / ".venv/bin/molecule"), "test", "--scenario-name", "nvidia_container_toolkit"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=1100,
-        check=False,
-    )
-    tail = result.stdout[-6000:]
-    assert result.returncode == 0, tail
-    for action in ("check", "converge", "idempotence", "verify", "destroy"):
-        assert f"nvidia_container_toolkit ➜ {action}: Executed: Successful" in result.stdout, tail
-    assert load("molecule-nvidia_container_toolkit") is None, "destroy left the lab up"
+    result = run_scenario("nvidia_container_toolkit", timeout=1100)
+    assert result.returncode == 0, result.stdout[-6000:]
+    actions = ("check", "converge", "idempotence", "verify", "destroy")
+    assert unsuccessful_actions(result.stdout, "nvidia_container_toolkit", actions) == [], result.stdout[
+        -6000:
+    ]
+    assert not lab_left_up("nvidia_container_toolkit"), "destroy left the lab up"
