@@ -9,6 +9,7 @@ The image is built (or found in ~/.cache/gpufleet/serving-image) once here and h
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -23,7 +24,8 @@ from gpufleet.serving_image import DEFAULT_SPEC, BuiltImage, ImageSpec, build
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.timeout(3600)]
 
-ACTIONS = ("prepare", "check", "converge", "idempotence", "verify", "destroy")
+ACTIONS = ("check", "converge", "idempotence", "verify", "destroy")
+RECAP = re.compile(r"^(\S+)\s+: actions=\d+\s+successful=\d+.*missing=(\d+)\s+failed=(\d+)", re.MULTILINE)
 MOLECULE_TIMEOUT = 1800
 
 
@@ -61,26 +63,28 @@ def molecule(
     return result, time.monotonic() - start
 
 
-def assert_scenario_passed(scenario: str, result: subprocess.CompletedProcess[str]) -> None:
-    tail = result.stdout[-8000:]
+def assert_scenario_passed(scenario: str, result: subprocess.CompletedProcess[str], log: Path) -> None:
+    log.write_text(result.stdout, encoding="utf-8")
+    tail = f"full output: {log}\n" + result.stdout[-8000:]
     assert result.returncode == 0, tail
+    assert RECAP.findall(result.stdout) == [(scenario, "0", "0")], tail
     for action in ACTIONS:  # idempotence fails by itself on any changed task of the second converge
         assert f"{scenario} ➜ {action}: Executed: Successful" in result.stdout, tail
     assert load(f"molecule-{scenario}") is None, "destroy left the lab up"
 
 
-def test_ray_cluster_scenario_passes(serving_image: BuiltImage, api_key_file: Path) -> None:
+def test_ray_cluster_scenario_passes(serving_image: BuiltImage, api_key_file: Path, tmp_path: Path) -> None:
     result, seconds = molecule("ray_cluster", serving_image, api_key_file)
     print(f"ray_cluster scenario: {seconds:.0f} s")
-    assert_scenario_passed("ray_cluster", result)
+    assert_scenario_passed("ray_cluster", result, tmp_path / "molecule.log")
 
 
 def test_vllm_service_scenario_passes_and_never_shows_the_key(
-    serving_image: BuiltImage, api_key_file: Path
+    serving_image: BuiltImage, api_key_file: Path, tmp_path: Path
 ) -> None:
     result, seconds = molecule("vllm_service", serving_image, api_key_file)
     print(f"vllm_service scenario: {seconds:.0f} s")
-    assert_scenario_passed("vllm_service", result)
+    assert_scenario_passed("vllm_service", result, tmp_path / "molecule.log")
     key = api_key_file.read_text(encoding="utf-8").strip()
     assert len(key) >= 43
     assert key not in result.stdout, "the API key appeared in Ansible's output"
