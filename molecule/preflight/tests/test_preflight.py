@@ -1,4 +1,4 @@
-"""Testinfra checks for preflight: what it asserted holds on the hosts, and what it must refuse, it refuses."""
+"""Testinfra checks for preflight: what it asserted holds on the hosts,; it refuses what it must."""
 
 from __future__ import annotations
 
