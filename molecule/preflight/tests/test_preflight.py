@@ -1,4 +1,4 @@
-"""Testinfra checks for preflight: what it asserted holds on the hosts,; it refuses what it must."""
+"""Testinfra checks for preflight: what it checked holds on the hosts, and it refuses what it must."""
 
 from __future__ import annotations
 
