@@ -52,7 +52,7 @@ def test_container_uses_host_network_and_the_loaded_image(host) -> None:
 def test_ray_reports_every_node_from_the_head(host) -> None:
     if "ray_head" not in host.ansible.get_variables()["group_names"]:
         return
-    alive = json.loads(host.check_output(f"{DOCKER} exec {CONTAINER} python3 -c \"{NODES_SCRIPT}\""))
+    alive = json.loads(host.check_output(f'{DOCKER} exec {CONTAINER} python3 -c "{NODES_SCRIPT}"'))
     assert len(alive) == 3
     assert node_ip(host) in alive
 
