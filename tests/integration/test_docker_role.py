@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 from conftest import RunningLab, lab_name, skip_unless_lab_possible
 from docker_tarball import DockerTarball, build_tarball, write_bundle
-from molecule_scenario import lab_left_up, run_scenario, unsuccessful_actions
 
 from gpufleet.lab import Lab
 
@@ -245,13 +244,3 @@ def test_packaged_docker_is_removed_when_allowed(packaged_docker: DockerLab) -> 
     assert packaged_docker.ssh("docker info --format '{{.ServerVersion}}'").startswith(
         packaged_docker.new.version
     )
-
-
-def test_molecule_docker_scenario_passes() -> None:
-    """check (fresh), converge, idempotence, check (converged) and testinfra on three bookworm hosts."""
-    skip_unless_lab_possible()
-    result = run_scenario("docker", timeout=1200)
-    assert result.returncode == 0, result.stdout[-6000:]
-    actions = ("check", "converge", "idempotence", "verify", "destroy")
-    assert unsuccessful_actions(result.stdout, "docker", actions) == [], result.stdout[-6000:]
-    assert not lab_left_up("docker"), "destroy left the lab up"
