@@ -8,13 +8,16 @@ STAMP := $(VENV)/.installed
 LAB_PACKAGES := systemd-container debootstrap git-lfs iptables iproute2 openssh-client
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint unit integration molecule venv lab-prereqs clean
+.PHONY: demo test test-all lint unit integration molecule venv lab-prereqs clean
 
 demo: $(STAMP)  ## validate and plan the example production inventory
 	$(BIN)/gpufleet validate -i inventories/prod
 	$(BIN)/gpufleet plan -i inventories/prod
 
-test: lab-prereqs $(STAMP) lint  ## everything CI runs: linters, then the whole pytest suite
+test: lab-prereqs $(STAMP) lint  ## what CI runs: linters, then the pytest suite less the `heavy` tests
+	$(BIN)/pytest --durations=30 -m "not heavy" $(PYTEST_ARGS)
+
+test-all: lab-prereqs $(STAMP) lint  ## everything, the heavy tests too (CUDA packages, serving scenarios)
 	$(BIN)/pytest --durations=30 $(PYTEST_ARGS)
 
 lint: $(STAMP)

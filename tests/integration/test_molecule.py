@@ -15,7 +15,8 @@ SCENARIOS = [
     "docker",
     "nvidia_container_toolkit",
     "nvidia_driver",
-    "cuda_toolkit",
+    # 1.9 GB of Debian's CUDA 12.4 packages installed from an offline repository: `make test-all`.
+    pytest.param("cuda_toolkit", marks=pytest.mark.heavy),
     "image_distribution",
     "model_fetch",
 ]

@@ -22,7 +22,9 @@ from conftest import REPO, VENV_BIN, ansible_env, skip_unless_lab_possible
 from gpufleet.lab_state import load
 from gpufleet.serving_image import DEFAULT_SPEC, BuiltImage, ImageSpec, build
 
-pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.timeout(3600)]
+# ray_cluster and vllm_service each copy the 3 GB serving image to 3 hosts; the end-to-end test
+# (test_e2e.py) runs both roles in `make test`, these scenarios in `make test-all`.
+pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.heavy, pytest.mark.timeout(3600)]
 
 ACTIONS = ("check", "converge", "idempotence", "verify", "destroy")
 RECAP = re.compile(r"^(\S+)\s+: actions=\d+\s+successful=\d+.*missing=(\d+)\s+failed=(\d+)", re.MULTILINE)
