@@ -24,7 +24,10 @@ from gpu_roles_support import driver_bundle
 
 from gpufleet.lab import Lab
 
-pytestmark = [pytest.mark.lab, pytest.mark.slow]
+# Each test boots its own trixie host and runs the driver role (about 2 minutes each); the nvidia_driver
+# Molecule scenario (test_molecule.py, in `make test`) covers lab mode and the installer double, these
+# finer paths run in `make test-all`.
+pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.heavy]
 
 PLAY = "tests/integration/gpu_driver_play.yml"
 DOUBLE = "/var/lib/gpufleet-test-double"
