@@ -3,7 +3,7 @@
 One host, in this order: check mode on the fresh host and refused corrupted tarballs (each must leave the host
 as it was), then an upgrade from bookworm's Docker 20.10 to trixie's 26.1 (restart, new version, images kept,
 rerun predicted as changed=0 by check mode), then a packaged docker.io refused and, when allowed, removed.
-The Molecule scenario (three bookworm hosts, testinfra) runs from here too.
+The Molecule scenario (three bookworm hosts, testinfra) runs from test_molecule.py.
 """
 
 from __future__ import annotations

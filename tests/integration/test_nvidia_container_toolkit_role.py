@@ -1,9 +1,10 @@
-"""nvidia_container_toolkit on a lab host without GPU: skip, refusals, install; its Molecule scenario.
+"""nvidia_container_toolkit on a lab host without GPU: the skip and the refusals (install: Molecule scenario).
 
 The lab can hold no real NVIDIA package (Debian ships none; nothing else may be downloaded): the bundle
 holds the TEST DOUBLE .debs of tests/integration/nvidia_toolkit_double.py. What is real here: the skip on a
 host without GPU, the refusal when the play did not ask the docker role for the nvidia runtime, and the
-sha256 check of every package on the control node before anything reaches the host.
+sha256 check of every package on the control node before anything reaches the host. The install with
+Docker (molecule/nvidia_container_toolkit) runs from test_molecule.py.
 """
 
 from __future__ import annotations
@@ -69,6 +70,10 @@ def test_host_without_gpu_reports_and_skips_the_toolkit(toolkit_lab: ToolkitLab)
     assert returncode == 0, text[-3000:]
     assert "gpufleet_gpu is false, so the NVIDIA container toolkit is skipped" in text
     assert "would install libnvidia-container1, libnvidia-container-tools" in text
+    assert (
+        "check that docker lists the nvidia runtime (docker_nvidia_runtime: true) and run the CUDA smoke test"
+        in text
+    )
     assert toolkit_lab.toolkit_absent()
 
 
