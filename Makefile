@@ -10,9 +10,10 @@ PYTEST_ARGS ?=
 
 .PHONY: demo test test-all lint unit integration molecule venv lab-prereqs clean
 
-demo: $(STAMP)  ## validate and plan the example production inventory
+demo: lab-prereqs $(STAMP)  ## validate and plan inventories/prod; then the air-gapped deployment on 3 lab hosts
 	$(BIN)/gpufleet validate -i inventories/prod
 	$(BIN)/gpufleet plan -i inventories/prod
+	$(BIN)/python -m gpufleet.demo  # lab bundle, 3 offline lab hosts (lab "demo", left up), every stage, a chat
 
 test: lab-prereqs $(STAMP) lint  ## what CI runs: linters, then the pytest suite less the `heavy` tests
 	$(BIN)/pytest --durations=30 -m "not heavy" $(PYTEST_ARGS)

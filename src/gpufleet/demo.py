@@ -37,6 +37,7 @@ from rich.console import Console
 
 from gpufleet.lab import Lab, LabInventory
 from gpufleet.lab_net import outbound_drops
+from gpufleet.lab_sys import LabError
 from gpufleet.paths import project_root
 
 REPO = project_root() or Path(__file__).resolve().parents[2]
@@ -264,10 +265,16 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 
 
 def main(argv: list[str] | None = None) -> int:
+    from gpufleet.bundle import BuildError, LockError, ManifestError  # noqa: PLC0415
+    from gpufleet.problems import InventoryError  # noqa: PLC0415
+    from gpufleet.runner import DeployError  # noqa: PLC0415
+    from gpufleet.serving_image import ImageBuildError  # noqa: PLC0415
+
     args = build_parser().parse_args(argv)
+    expected = (RuntimeError, OSError, LabError, BuildError, LockError, ManifestError, ImageBuildError)
     try:
         return int(args.func(args))
-    except (RuntimeError, OSError) as error:
+    except (*expected, InventoryError, DeployError) as error:
         print(f"gpufleet demo: {error}", file=sys.stderr)
         return 1
 
