@@ -260,20 +260,23 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "--bundle", type=Path, default=DIST / "lab-bundle", help="bundle directory (default: %(default)s)"
     )
     parser.add_argument("--down", action="store_true", help="take the lab down at the end")
-    parser.set_defaults(func=run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    return main_with(build_parser().parse_args(argv))
+
+
+def main_with(args: argparse.Namespace) -> int:
+    """Run the demo; a tool's error (lab, bundle, image, inventory) is one line on stderr and exit 1."""
     from gpufleet.bundle import BuildError, LockError, ManifestError  # noqa: PLC0415
     from gpufleet.problems import InventoryError  # noqa: PLC0415
     from gpufleet.runner import DeployError  # noqa: PLC0415
     from gpufleet.serving_image import ImageBuildError  # noqa: PLC0415
 
-    args = build_parser().parse_args(argv)
     expected = (RuntimeError, OSError, LabError, BuildError, LockError, ManifestError, ImageBuildError)
     try:
-        return int(args.func(args))
+        return run(args)
     except (*expected, InventoryError, DeployError) as error:
         print(f"gpufleet demo: {error}", file=sys.stderr)
         return 1
