@@ -3,9 +3,9 @@
 Docker's official static tarball (``docker-<version>.tgz``) holds ``docker/<binary>``. Debian's
 docker.io, docker-cli, containerd, runc and tini packages hold the same programs, so repackaging them in
 that layout exercises the docker role's static-binary install path with real daemons: bookworm gives
-20.10, trixie 26.1, at the suite's current versions. Downloads, the tarball writer and the lock are
-gpufleet's own (``gpufleet.bundle_debian``, ``gpufleet.bundle_lock``). Nothing but Debian's mirror is
-contacted (the one this machine's apt uses).
+20.10, trixie 26.1, at the suite's current versions. The download, the repack and the lock are gpufleet's
+own (``gpufleet.bundle_debian``, the bundle builder's debian-docker source, and ``gpufleet.bundle_lock``).
+Nothing but Debian's mirror is contacted (the one this machine's apt uses).
 
 Debian's builds are linked dynamically where the official ones are static: bookworm's dockerd needs
 libdevmapper (``runtime_library_debs`` fetches it for the lab host's suite) and trixie's binaries need
@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufleet.bundle_debian import Apt, write_tgz
+from gpufleet.bundle_debian import Apt, build_docker_tarball
 from gpufleet.bundle_fetch import BuildContext
 from gpufleet.bundle_lock import Lock, LockError, lock_entry, read_lock, sha256_file, write_lock
 from gpufleet.lab_sys import cache_dir, file_lock
@@ -38,18 +38,7 @@ from gpufleet.lab_sys import cache_dir, file_lock
 SUITES = ("bookworm", "trixie")
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 
-# Where each program of Docker's static tarball is in Debian's packages (trixie moved the CLI to
-# docker-cli). Named paths, not a search by file name: docker.io also ships /etc/default/docker.
-BINARY_PATHS = {
-    "containerd": "usr/bin/containerd",
-    "containerd-shim-runc-v2": "usr/bin/containerd-shim-runc-v2",
-    "ctr": "usr/bin/ctr",
-    "docker": "usr/bin/docker",
-    "docker-init": "usr/bin/tini-static",  # Docker's docker-init is tini, statically linked
-    "docker-proxy": "usr/sbin/docker-proxy",
-    "dockerd": "usr/sbin/dockerd",
-    "runc": "usr/sbin/runc",
-}
+# The Debian packages that hold the programs of Docker's static tarball (trixie moved the CLI to docker-cli).
 DOCKER_PACKAGES = {
     "bookworm": ("docker.io", "containerd", "runc", "tini"),
     "trixie": ("docker.io", "docker-cli", "containerd", "runc", "tini"),
@@ -124,12 +113,8 @@ def build_tarball(suite: str) -> DockerTarball:
             debs = apt_download(suite, DOCKER_PACKAGES[suite], Path(tmp))
             docker_io = next(deb for deb in debs if deb.name.startswith("docker.io_"))
             version = upstream_version(_deb_version(docker_io))
-            for deb in debs:
-                subprocess.run(["dpkg-deb", "-x", str(deb), f"{tmp}/tree"], check=True)
-            binaries = {name: Path(tmp, "tree", inner).read_bytes() for name, inner in BINARY_PATHS.items()}
-            folder.mkdir(parents=True, exist_ok=True)
             path = folder / f"docker-{version}.tgz"
-            write_tgz(path, binaries, directory="docker")  # the bundle builder's deterministic writer
+            build_docker_tarball(debs, path)  # the bundle builder's repack (its debian-docker source)
         tarball = DockerTarball(path, version, sha256_file(path), suite)
         meta.write_text(json.dumps({"path": str(path), "version": version, "sha256": tarball.sha256}))
         return tarball
