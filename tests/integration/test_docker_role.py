@@ -24,7 +24,10 @@ from docker_tarball import DockerTarball, build_tarball, write_bundle
 
 from gpufleet.lab import Lab
 
-pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.timeout(1500)]
+# Upgrade 20.10 -> 26.1, packaged Docker, check mode and corrupted tarballs on hosts of their own (about 10
+# minutes): `make test-all`. The docker Molecule scenario (converge, idempotence, docker load/run on 3
+# hosts) runs in `make test`.
+pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.heavy, pytest.mark.timeout(1500)]
 
 HOST = "node1"
 PREPARE = "molecule/docker/prepare.yml"
