@@ -211,6 +211,7 @@ def show_endpoint(report: Any, inventory: Path, console: Console) -> bool:
     answer = body["choices"][0]["message"]["content"]
     console.print(f"POST {report.endpoint}/chat/completions (model {report.served_model}, temperature 0):")
     console.print(f"  user: {PROMPT}\n  {report.served_model}: {answer!r}")
+    console.print("  (the tiny model has random weights: its answer is deterministic, not meaningful)")
     console.print(f"  without the API key: HTTP {refused}")
     return refused == 401
 
