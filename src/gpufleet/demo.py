@@ -258,7 +258,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     )
     parser.add_argument("--name", default=DEMO_LAB, help="lab name (default: %(default)s)")
     parser.add_argument(
-        "--bundle", type=Path, default=DIST / "lab-bundle", help="bundle directory (default: %(default)s)"
+        "--bundle",
+        type=Path,
+        default=DIST / "lab-bundle",
+        help="bundle directory (default: dist/lab-bundle in the checkout)",
     )
     parser.add_argument("--down", action="store_true", help="take the lab down at the end")
     return parser

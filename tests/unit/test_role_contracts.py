@@ -69,6 +69,8 @@ def test_serving_model_matches_the_vllm_service_role() -> None:
 def test_readme_reference_is_current() -> None:
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert render(readme, REPO) == readme, "README.md is stale: run .venv/bin/python -m gpufleet.docs"
+    # A clone elsewhere (CI clones to another path) must render the same README: no checkout paths in it.
+    assert str(REPO) not in readme, f"README.md names this checkout's path {REPO}: help texts must not"
 
 
 def test_public_api_names_resolve() -> None:
