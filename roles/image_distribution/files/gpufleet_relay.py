@@ -3,10 +3,15 @@
 
 Each receiver accepts one connection, writes the stream to a file (or into ``tar -x``) while forwarding the
 same bytes to the next node, so N nodes receive a file in about the time of one transfer and every link
-carries it once. The file is hashed as it streams and only renamed into place when its sha256 matches.
+carries it once. Receiving, writing and forwarding run in separate threads joined by bounded queues
+(IN_FLIGHT bytes at most), so a slow disk or a slow next hop does not stall the upstream link until that
+buffer is full. The file is hashed as it streams and only renamed into place when its sha256 matches. A
+receiver confirms with one byte to its upstream only after its own copy is in place and its downstream has
+confirmed, so a sender that exits 0 knows that every node of the chain has the data.
 
   gpufleet_relay.py recv --listen IP:PORT (--out FILE --sha256 HEX | --untar DIR) [--next IP:PORT]
   gpufleet_relay.py send --to IP:PORT (--file FILE | --tar-dir DIR)
+  gpufleet_relay.py probe --listen IP:PORT    (accept one connection and close it: a reachability test)
 Exit codes: 0 done, 2 usage, 3 checksum mismatch, 4 network or timeout.
 """
 
@@ -16,12 +21,17 @@ import argparse
 import hashlib
 import json
 import os
+import queue
 import socket
+import struct
 import subprocess
 import sys
+import threading
 import time
 
 CHUNK = 1 << 20
+IN_FLIGHT = 64 << 20  # bytes received but not yet written and forwarded, at most
+ACK = b"\x06"
 
 
 def address(text):
@@ -40,9 +50,57 @@ def connect(target, timeout):
             time.sleep(0.2)
 
 
-def fail(code, message):
-    print(json.dumps({"ok": False, "error": message}))
-    sys.exit(code)
+def fail(code, message, abort=None):
+    print(json.dumps({"ok": False, "error": message}), flush=True)
+    if abort:  # reset, not close: the next node must see a broken stream, not a short one that ended well
+        abort.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        abort.close()
+    os._exit(code)  # not sys.exit: worker threads may be blocked on a dead peer
+
+
+def listen_once(args):
+    try:
+        server = socket.create_server(address(args.listen))
+    except OSError as exc:
+        fail(4, f"cannot listen on {args.listen}: {exc}")
+    server.settimeout(args.accept_timeout)  # short: a sender that failed must not leave receivers waiting
+    try:
+        conn, _ = server.accept()
+    except socket.timeout:
+        fail(4, f"no sender connected to {args.listen} within {args.accept_timeout} s")
+    server.close()
+    return conn
+
+
+class Worker(threading.Thread):
+    """Hands chunks from a bounded queue to one consumer (the disk or the next node), off the receive loop."""
+
+    def __init__(self, name, consume):
+        super().__init__(name=name, daemon=True)
+        self.consume, self.error = consume, None
+        self.chunks = queue.Queue(IN_FLIGHT // CHUNK)
+        self.start()
+
+    def run(self):
+        while (chunk := self.chunks.get()) is not None:
+            if self.error is None:  # after an error keep draining, so that the receive loop never blocks
+                try:
+                    self.consume(chunk)
+                except OSError as exc:
+                    self.error = exc
+
+    def finish(self):
+        self.chunks.put(None)
+        self.join()
+        return self.error
+
+
+def read_chunk(conn):
+    """Up to CHUNK bytes (fewer only at the end): the queues then bound the bytes in flight, not the calls."""
+    chunk, size = bytearray(CHUNK), 0
+    while size < CHUNK and (got := conn.recv_into(memoryview(chunk)[size:])):
+        size += got
+    return chunk if size == CHUNK else memoryview(chunk)[:size]
 
 
 def open_sink(args):
@@ -53,68 +111,100 @@ def open_sink(args):
     return open(args.out + ".part", "wb"), None
 
 
-def receive(args):
-    server = socket.create_server(address(args.listen), reuse_port=False)
-    server.settimeout(args.accept_timeout)  # short: a sender that failed must not leave receivers waiting
-    try:
-        conn, _ = server.accept()
-    except socket.timeout:
-        fail(4, f"no sender connected to {args.listen} within {args.accept_timeout} s")
-    server.close()
-    conn.settimeout(args.timeout)
-    downstream = connect(address(args.next), args.timeout) if args.next else None
-    sink, proc = open_sink(args)
-    digest, total, began = hashlib.sha256(), 0, time.monotonic()
-    try:
-        while chunk := conn.recv(CHUNK):
-            sink.write(chunk)
-            if downstream:
-                downstream.sendall(chunk)
-            digest.update(chunk)
-            total += len(chunk)
-    except OSError as exc:
-        fail(4, f"stream broken after {total} bytes: {exc}")
-    finally:
-        if downstream:
-            downstream.shutdown(socket.SHUT_WR)
-            downstream.recv(1)  # wait until the next node has everything before we report success
-            downstream.close()
-    sink.flush()
+def close_sink(args, sink, proc, digest):
+    """Finish the local copy: tar's exit status, or fsync + sha256 check + rename into place."""
     if proc:
         sink.close()
         if proc.wait() != 0:
-            fail(3, f"tar -x into {args.untar} failed (exit {proc.returncode})")
-    else:
-        os.fsync(sink.fileno())
-        sink.close()
-        if args.sha256 and digest.hexdigest() != args.sha256:
-            os.unlink(args.out + ".part")
-            fail(3, f"{args.out}: sha256 {digest.hexdigest()}, expected {args.sha256}; removed")
-        os.replace(args.out + ".part", args.out)
+            return f"tar -x into {args.untar} failed (exit {proc.returncode})"
+        return None
+    os.fsync(sink.fileno())
+    sink.close()
+    if args.sha256 and digest != args.sha256:
+        os.unlink(args.out + ".part")
+        return f"{args.out}: sha256 {digest}, expected {args.sha256}; removed"
+    os.replace(args.out + ".part", args.out)
+    return None
+
+
+def receive(args):
+    conn = listen_once(args)
+    conn.settimeout(args.timeout)
+    try:
+        downstream = connect(address(args.next), args.timeout) if args.next else None
+    except OSError as exc:
+        fail(4, f"cannot reach the next node {args.next}: {exc}")
+    if downstream:
+        downstream.settimeout(args.timeout)
+    sink, proc = open_sink(args)
+    workers = [Worker("write", sink.write)] + ([Worker("forward", downstream.sendall)] if downstream else [])
+    digest, total, began, broken = hashlib.sha256(), 0, time.monotonic(), None
+    try:
+        while chunk := read_chunk(conn):
+            for worker in workers:
+                worker.chunks.put(chunk)  # blocks once IN_FLIGHT is queued: backpressure to the sender
+            digest.update(chunk)
+            total += len(chunk)
+            if any(worker.error for worker in workers):
+                break
+    except OSError as exc:
+        broken = f"stream broken after {total} bytes: {exc}"
+    errors = [worker.finish() for worker in workers]
+    if broken or any(errors):
+        if not proc:
+            os.unlink(args.out + ".part")  # the file object is left to the exit: closing may raise again
+        problem = broken or "; ".join(f"{w.name} failed: {e}" for w, e in zip(workers, errors) if e)
+        fail(4, problem, abort=downstream)
+    problem = close_sink(args, sink, proc, digest.hexdigest())
+    if downstream:
+        downstream.shutdown(socket.SHUT_WR)
+        try:
+            confirmed = downstream.recv(1) == ACK  # the next node has everything, and so has the rest
+        except OSError:
+            confirmed = False
+        downstream.close()
+        if not confirmed and not problem:
+            fail(4, f"the next node {args.next} did not confirm the copy (see its own error)")
+    if problem:
+        fail(3, problem)
+    conn.sendall(ACK)
     conn.close()
     seconds = time.monotonic() - began
     print(json.dumps({"ok": True, "bytes": total, "seconds": round(seconds, 3), "sha256": digest.hexdigest()}))
 
 
 def send(args):
-    sock = connect(address(args.to), args.timeout)
-    began = time.monotonic()
-    if args.tar_dir:
-        names = sorted(n for n in os.listdir(args.tar_dir) if n not in (".git", ".gpufleet-model.json"))
-        proc = subprocess.Popen(["tar", "-c", "-C", args.tar_dir, "--", *names], stdout=subprocess.PIPE)
-        total = 0
-        while chunk := proc.stdout.read(CHUNK):
-            sock.sendall(chunk)
-            total += len(chunk)
-        if proc.wait() != 0:
-            fail(4, f"tar -c of {args.tar_dir} failed")
-    else:
-        with open(args.file, "rb") as src:
-            total = sock.sendfile(src)
-    sock.shutdown(socket.SHUT_WR)
-    sock.recv(1)
+    try:
+        sock = connect(address(args.to), args.timeout)
+    except OSError as exc:
+        fail(4, f"cannot connect to {args.to} within {args.timeout} s: {exc}")
+    sock.settimeout(max(args.timeout, 300))
+    began, total = time.monotonic(), 0
+    try:
+        if args.tar_dir:
+            names = sorted(n for n in os.listdir(args.tar_dir) if n not in (".git", ".gpufleet-model.json"))
+            proc = subprocess.Popen(["tar", "-c", "-C", args.tar_dir, "--", *names], stdout=subprocess.PIPE)
+            while chunk := proc.stdout.read(CHUNK):
+                sock.sendall(chunk)
+                total += len(chunk)
+            if proc.wait() != 0:
+                fail(4, f"tar -c of {args.tar_dir} failed")
+        else:
+            with open(args.file, "rb") as src:
+                total = sock.sendfile(src)
+        sock.shutdown(socket.SHUT_WR)
+        confirmed = sock.recv(1) == ACK
+    except OSError as exc:
+        fail(4, f"stream to {args.to} broken after {total} bytes: {exc}")
     sock.close()
+    if not confirmed:
+        fail(4, f"the chain behind {args.to} did not confirm the copy (see the receivers' errors)")
     print(json.dumps({"ok": True, "bytes": total, "seconds": round(time.monotonic() - began, 3)}))
+
+
+def probe(args):
+    listen_once(args).close()
+    print(json.dumps({"ok": True}))
 
 
 def main():
@@ -132,13 +222,16 @@ def main():
     snd.add_argument("--to", required=True)
     snd.add_argument("--file")
     snd.add_argument("--tar-dir")
-    snd.add_argument("--timeout", type=float, default=600)
+    snd.add_argument("--timeout", type=float, default=600, help="seconds to keep trying to connect")
+    prb = sub.add_parser("probe")
+    prb.add_argument("--listen", required=True)
+    prb.add_argument("--accept-timeout", type=float, default=10)
     args = parser.parse_args()
     if args.mode == "recv" and bool(args.out) == bool(args.untar):
         parser.error("recv needs exactly one of --out and --untar")
     if args.mode == "send" and bool(args.file) == bool(args.tar_dir):
         parser.error("send needs exactly one of --file and --tar-dir")
-    receive(args) if args.mode == "recv" else send(args)
+    {"recv": receive, "send": send, "probe": probe}[args.mode](args)
 
 
 if __name__ == "__main__":
