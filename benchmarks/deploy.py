@@ -122,10 +122,54 @@ def run_deploys(name: str, bundle: Path) -> dict[str, Any]:
         lab.down()
 
 
+def markdown(results: dict[str, Any]) -> str:
+    """The results as the tables of benchmarks/results/deploy.md."""
+    lines = [
+        "# Deploy benchmarks",
+        "",
+        f"Machine: {results['cpus']} CPUs; load average at start {results['load_at_start']}, at end "
+        f"{results['load_at_end']}. Three offline lab hosts (`gpufleet lab`, systemd-nspawn), every stage "
+        "from `dist/lab-bundle`. Script: "
+        "`benchmarks/deploy.py --markdown benchmarks/results/deploy.md` (root).",
+        "",
+        "| step | seconds |",
+        "| --- | --- |",
+    ]
+    for key, label in (
+        ("bundle_build_s", "bundle build into an empty directory (image and .debs from their caches)"),
+        ("bundle_rebuild_noop_s", "bundle build again (nothing to do)"),
+        ("lab_up_s", "three offline lab hosts up"),
+    ):
+        if key in results:
+            lines.append(f"| {label} | {results[key]} |")
+    for run, label in (("cold", "cold deploy (bare hosts)"), ("noop", "re-run on the deployed hosts")):
+        if run not in results:
+            continue
+        outcome = results[run]
+        lines += [
+            "",
+            f"## {label}: {outcome['seconds']:.0f} s, changed={outcome['changed']}, "
+            f"{'ok' if outcome['ok'] else 'FAILED'}",
+            "",
+            "| stage | status | wall s | control-node CPU s | hosts' CPU s | changed | tasks/host "
+            "| load (1 min) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for row in outcome["stages"]:
+            lines.append(
+                f"| {row['stage']} | {row['status']} | {row['wall_s']} | {row['control_cpu_s']} | "
+                f"{row['hosts_cpu_s']} | {row['changed']} | {row['tasks_per_host']} | {row['load_1min']} |"
+            )
+    packets = results.get("outbound_packets", "n/a")
+    lines += ["", f"Packets the offline hosts sent beyond the lab: {packets}.", ""]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--name", default="bench-deploy", help="lab name (default: %(default)s)")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--markdown", type=Path, help="also write the results as a Markdown report here")
     parser.add_argument("--skip-bundle", action="store_true", help="do not time the bundle build")
     args = parser.parse_args(argv)
     console = Console(stderr=True)
@@ -142,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.json:
         args.json.write_text(text + "\n", encoding="utf-8")
+    if args.markdown:
+        args.markdown.write_text(markdown(results), encoding="utf-8")
     return 0 if results.get("noop", {}).get("ok") else 1
 
 

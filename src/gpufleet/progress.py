@@ -19,6 +19,7 @@ from rich.text import Text
 from gpufleet.report import DeployReport, Failure, StageResult, StatusReport, VerifyResult
 from gpufleet.vllm_log import VllmFacts
 
+_COLUMNS = ("ok", "changed", "failed", "skipped")
 _STYLE = {"ok": "green", "failed": "bold red", "canceled": "yellow", "timeout": "yellow", "running": "cyan"}
 # Live counts follow Ansible's recap: changed and ignored-failed results are also "ok".
 _COUNTED_AS = {
@@ -51,10 +52,15 @@ class _Row:
 
 
 class LiveProgress:
-    """A ProgressSink that draws one row per stage and host, and prints failures as they happen."""
+    """A ProgressSink that draws one row per stage and host, and prints failures as they happen.
+
+    On a terminal the table is redrawn live. Elsewhere (a CI log, ``| tee``) a live table would only appear
+    when everything is over, so each stage prints one line when it starts and one per host when it ends.
+    """
 
     def __init__(self, console: Console | None = None) -> None:
         self.console = console or Console(stderr=True)
+        self._plain = not self.console.is_terminal
         self._rows: dict[tuple[str, str], _Row] = {}
         self._lock = threading.Lock()
         self._live = Live(console=self.console, get_renderable=self._render, refresh_per_second=4)
@@ -69,8 +75,10 @@ class LiveProgress:
             self._live.stop()
 
     def stage_started(self, stage: str) -> None:
+        if self._plain:
+            self.console.print(f"{stage}: started")
         # The table appears with the first stage: a run refused before any stage shows none.
-        if not self._live.is_started:
+        elif not self._live.is_started:
             self._live.start()
         with self._lock:
             self._rows[(stage, "")] = _Row(stage, "", task="starting")
@@ -110,6 +118,16 @@ class LiveProgress:
             if not result.hosts:
                 self._rows[(result.name, "")] = _Row(
                     result.name, "", ended=now, state=result.status, task=result.error or "no host matched"
+                )
+            finished = [row for row in self._rows.values() if row.stage == result.name]
+        if self._plain:
+            for row in finished:
+                counts = " ".join(f"{k}={row.counts.get(k, 0)}" for k in _COLUMNS)
+                where = f" {row.host}" if row.host else ""
+                detail = f" ({row.task})" if row.task else ""
+                self.console.print(
+                    f"{row.stage}:{where} {row.state} in {now - row.started:.0f}s {counts}{detail}",
+                    highlight=False,
                 )
 
     def _render(self) -> RenderableType:

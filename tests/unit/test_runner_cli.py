@@ -168,6 +168,20 @@ def test_failures_show_live_as_they_happen() -> None:
     assert f"FAILED cluster · node-b · Log in with the secret on node-b: {CENSORED}" in text
 
 
+def test_without_a_terminal_each_stage_prints_lines_as_it_goes() -> None:
+    output = StringIO()  # not a terminal: a live table would only appear at the end
+    with LiveProgress(Console(file=output, width=200)) as live:
+        live.stage_started("nodes")
+        assert output.getvalue() == "nodes: started\n"
+        live.stage_finished(recorded("changed", "nodes", live))
+
+    lines = output.getvalue().splitlines()
+    assert lines[0] == "nodes: started"
+    finished = [line for line in lines[1:] if line.startswith("nodes: ")]
+    assert finished, lines
+    assert all(" ok in " in line and "changed=" in line and "failed=0" in line for line in finished), lines
+
+
 def test_the_report_names_the_failed_stage_host_task_and_message() -> None:
     stage = recorded("failed", "cluster")
     report = DeployReport(ok=False, stages=(stage,), failed_stage="cluster")
