@@ -1,18 +1,20 @@
 """image_distribution on three real lab hosts with real dockerd (Debian's docker.io, installed from .debs
 because the session lab is offline): plain, gzip and zstd docker-archives sent once into the cluster and
-chained between nodes, verified by sha256 before docker load and by image ID after; idempotence; a
-corrupted archive refused before anything is copied; the direct strategy."""
+chained between nodes, verified by sha256 before docker load and by image ID after; the default (auto)
+lets the control node head the chain; with the relay port firewalled from the control node auto falls
+back to fanout; idempotence; a corrupted archive refused before anything is copied; the direct strategy."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 from conftest import RunningLab
-from test_model_fetch import changed_counts, install_debs
+from test_model_fetch import changed_counts, install_debs, said, task_results
 
 from gpufleet.bundle import build
 from gpufleet.bundle_images import tar_layer, write_docker_archive
@@ -82,13 +84,20 @@ def test_every_host_gets_every_image_with_its_id(
         )
 
 
-def test_archives_travel_the_chain_not_the_control_node(first_run: subprocess.CompletedProcess[str]) -> None:
+def test_auto_lets_the_control_node_head_the_chain(
+    lab: RunningLab, first_run: subprocess.CompletedProcess[str]
+) -> None:
+    """The lab's control node reaches the nodes' cluster network: every node, the seed too, is a receiver of
+    a chain the control node sends into, three times (one per image); nothing is copied over SSH."""
     assert first_run.returncode == 0
-    assert "Copy the archive from the control node to the seed, once" in first_run.stdout
-    copies = [
-        line for line in first_run.stdout.splitlines() if line.startswith("changed: [") and "=>" not in line
-    ]
-    assert copies, first_run.stdout[-2000:]
+    ip = lab.inventory.hosts[0].ip
+    reported = f"image_distribution strategy: chain (auto: the control node reached node1 at {ip}:18432)"
+    assert said(first_run.stdout, reported), first_run.stdout[-3000:]
+    receivers = task_results(first_run.stdout, "Start a receiver on each node of the chain")
+    assert receivers == {host: ["changed"] * len(COMPRESSIONS) for host in lab.hosts}, receivers
+    senders = task_results(first_run.stdout, "Send from the control node into the head of the chain")
+    assert senders == {"node1 -> localhost": ["ok"] * len(COMPRESSIONS)}, senders
+    assert "Copy the archive from the control node" not in first_run.stdout
 
 
 def test_second_run_changes_nothing(
@@ -124,3 +133,36 @@ def test_direct_strategy_also_loads_missing_images(
     assert result.returncode == 0, result.stdout[-3000:]
     assert len(image_ids(lab, "node3")) == len(COMPRESSIONS)
     assert changed_counts(result.stdout)["node1"] == 0
+
+
+@pytest.fixture
+def relay_port_blocked_from_control_node(lab: RunningLab) -> Iterator[None]:
+    """A real firewall rule on node1 (the seed): drop TCP 18432 from the control node only."""
+    netns = lab.lab.state().hosts[0].netns
+    rule = ["INPUT", "-p", "tcp", "-s", lab.inventory.bridge_ip, "--dport", "18432", "-j", "DROP"]
+    subprocess.run(["ip", "netns", "exec", netns, "iptables", "-I", *rule], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["ip", "netns", "exec", netns, "iptables", "-D", *rule], check=True)
+
+
+def test_auto_falls_back_to_fanout_when_the_control_node_cannot_reach_the_relay_port(
+    lab: RunningLab,
+    first_run: subprocess.CompletedProcess[str],
+    bundle: Path,
+    tmp_path: Path,
+    relay_port_blocked_from_control_node: None,
+) -> None:
+    """sshd on node1 still answers the control node, only the relay port is dropped: the probe of that port
+    fails, so the archive goes to the seed over SSH and the seed heads the chain to node2."""
+    lab.ssh("node2", "docker image rm gpufleet/test-gzip:1")
+    result = run_role(lab, tmp_path, bundle)
+    assert result.returncode == 0, result.stdout[-3000:]
+    reported = "image_distribution strategy: fanout (auto: the control node could not reach node1"
+    assert said(result.stdout, reported), result.stdout[-3000:]
+    copies = task_results(result.stdout, "Copy the archive from the control node to the seed, once")
+    assert copies["node1"].count("changed") == 1, copies
+    assert "node2" not in copies or "changed" not in copies["node2"], copies
+    assert task_results(result.stdout, "Start a receiver on each node of the chain") == {"node2": ["changed"]}
+    assert len(image_ids(lab, "node2")) == len(COMPRESSIONS)

@@ -108,6 +108,25 @@ def changed_counts(stdout: str) -> dict[str, int]:
     return counts
 
 
+def task_results(stdout: str, task: str) -> dict[str, list[str]]:
+    """Per host (as Ansible names it, e.g. "node1 -> localhost"), the statuses of every run of a task."""
+    results: dict[str, list[str]] = {}
+    inside = False
+    for line in stdout.splitlines():
+        if line.startswith(("TASK [", "PLAY RECAP", "PLAY [")):
+            inside = line.startswith("TASK [") and (f" : {task}" in line or f"[{task}" in line)
+        elif inside and line.split(":", 1)[0] in ("ok", "changed", "failed", "fatal", "skipping"):
+            status, rest = line.split(": [", 1)
+            host = rest.split("]", 1)[0]
+            results.setdefault(host, []).append(status)
+    return {host: statuses for host, statuses in results.items() if set(statuses) != {"skipping"}}
+
+
+def said(stdout: str, text: str) -> bool:
+    """Whether Ansible printed ``text``, however its YAML output wrapped the line."""
+    return " ".join(text.split()) in " ".join(stdout.split())
+
+
 def lfs_object_requests(server: LfsServer, start: int = 0) -> list[str]:
     return [
         path for method, path, _ in server.log.requests if method == "GET" and "/info/lfs/objects/" in path
@@ -135,6 +154,10 @@ def test_model_reaches_every_host_intact(
             marker["revision"] == remote_root[1]
             and marker["files"]["model.safetensors"]["sha256"] == expected
         )
+
+
+def test_online_auto_is_fanout(first_run: subprocess.CompletedProcess[str]) -> None:
+    assert said(first_run.stdout, "model_fetch strategy: fanout (auto; online, the seed fetches)")
 
 
 def test_remote_is_read_once_not_once_per_node(
@@ -247,7 +270,18 @@ def test_interrupted_fetch_resumes(
     assert again and not any(path.endswith(tokenizer) for path in again), again
 
 
-def test_offline_from_a_bundle(lab: RunningLab, remote_root: tuple[Path, str], tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("strategy", "reported"),
+    [
+        ("auto", "model_fetch strategy: chain (auto: the control node reached node1"),
+        ("fanout", "model_fetch strategy: fanout (set by model_fetch_strategy)"),
+    ],
+)
+def test_offline_from_a_bundle(
+    lab: RunningLab, remote_root: tuple[Path, str], tmp_path: Path, strategy: str, reported: str
+) -> None:
+    """auto: the control node streams the bundle's model through all three nodes (no SSH copy to a seed);
+    fanout: node1 gets the files over SSH and heads the chain to node2 and node3."""
     root, commit = remote_root
     manifest = tmp_path / "manifest.yml"
     manifest.write_text(
@@ -268,10 +302,22 @@ def test_offline_from_a_bundle(lab: RunningLab, remote_root: tuple[Path, str], t
         lab,
         tmp_path,
         "-e",
-        "gpufleet_model_dir=/opt/models/offline",
+        f"gpufleet_model_dir=/opt/models/offline-{strategy}",
         "-e",
         f"gpufleet_bundle_dir={tmp_path / 'bundle'}",
+        "-e",
+        f"model_fetch_strategy={strategy}",
     )
     assert result.returncode == 0, result.stdout[-3000:]
+    assert said(result.stdout, reported), result.stdout[-3000:]
+    receivers = task_results(result.stdout, "Start a receiver on each node of the chain")
+    copies = task_results(result.stdout, "Copy the model's files from the bundle")
+    if strategy == "auto":
+        assert receivers == {host: ["changed"] for host in lab.hosts} and not copies, (receivers, copies)
+    else:
+        assert receivers == {"node2": ["changed"], "node3": ["changed"]} and list(copies) == ["node1"]
+    weights = sha256_file(root.parent / "tiny-model" / "model.safetensors")
     for host in lab.hosts:
-        assert lab.ssh(host, "test -s /opt/models/offline/.gpufleet-model.json").returncode == 0, host
+        marker = json.loads(lab.ssh(host, f"cat /opt/models/offline-{strategy}/.gpufleet-model.json").stdout)
+        assert marker["revision"] == commit, host
+        assert marker["files"]["model.safetensors"]["sha256"] == weights, host
