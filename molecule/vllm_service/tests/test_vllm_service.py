@@ -63,6 +63,12 @@ def test_vllm_unit_is_running_and_enabled(host) -> None:
     assert unit.is_enabled
 
 
+def test_the_api_listens_on_the_cluster_address_only(host) -> None:
+    ip = host.ansible.get_variables()["gpufleet_node_ip"]
+    assert host.socket(f"tcp://{ip}:8000").is_listening
+    assert not host.socket("tcp://0.0.0.0:8000").is_listening
+
+
 def test_models_lists_the_served_model(host, key: str) -> None:
     status, body = api(host, "/v1/models", key=key)
     assert status == 200
