@@ -5,12 +5,16 @@
    same rate with tc (each host's download and upload, and the control node's uplink on the lab bridge):
    - naive:  the control node copies to every host over SSH, all at once (what `copy` does per host);
    - fanout: the control node copies to the seed over SSH once, then the seed starts the pipelined chain
-             (gpufleet_relay.py) through the other hosts -- what image_distribution and model_fetch do;
-   - chain:  the control node itself heads the chain (no SSH hop): the lower bound of a pipelined chain.
+             (gpufleet_relay.py) through the other hosts -- the roles' `fanout` strategy;
+   - chain:  the control node itself heads the chain (no SSH hop) -- the roles' `chain` strategy, what
+             `auto` picks when the control node reaches the cluster network.
+   Both chain rows run the relay program the roles ship (roles/image_distribution/files/gpufleet_relay.py),
+   copied to every host, as the roles do.
 2. git-lfs pull of a many-object repository from the local LFS server with lfs.concurrenttransfers 8
    (git-lfs's default) vs 64, each download limited per connection (as a CDN limits a connection).
 
     .venv/bin/python benchmarks/distribution.py [--size-mib 1024] [--nodes 1 3] [--rate-mbit 400]
+        [--strategies naive fanout chain] [--skip-lfs] [--skip-distribution]
 """
 
 from __future__ import annotations
@@ -105,7 +109,7 @@ def chain(lab: Lab, hosts: list[str], ips: dict[str, str], artifact: Path, diges
 
 
 def distribution(args: argparse.Namespace) -> list[str]:
-    lab = Lab("bench", nodes=max(args.nodes), offline=True)
+    lab = Lab("relay-bench", nodes=max(args.nodes), offline=True)
     rows = []
     try:
         ips = lab.up().ips
@@ -125,7 +129,8 @@ def distribution(args: argparse.Namespace) -> list[str]:
                     "fanout": lambda hosts: fanout(lab, hosts, ips, artifact, digest),
                     "chain": lambda hosts: chain(lab, hosts, ips, artifact, digest),
                 }
-                for name, func in strategies.items():
+                for name in args.strategies:
+                    func = strategies[name]
                     clean(lab, hosts)
                     seconds = func(hosts)
                     check(lab, hosts, digest)
@@ -168,6 +173,9 @@ def main() -> None:
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--nodes", type=int, nargs="+", default=[1, 3])
     parser.add_argument("--rate-mbit", type=int, default=400)
+    parser.add_argument(
+        "--strategies", nargs="+", choices=["naive", "fanout", "chain"], default=["naive", "fanout", "chain"]
+    )
     parser.add_argument("--lfs-objects", type=int, default=32)
     parser.add_argument("--lfs-object-mib", type=int, default=8)
     parser.add_argument("--lfs-rate-mib", type=int, default=4, help="per-connection limit of the LFS server")
