@@ -135,7 +135,14 @@ def boot(spec: HostSpec) -> None:
         "--timezone=off",
         "--link-journal=no",
     ]
-    join = 'for d in $GPUFLEET_LAB_CGROUPS; do echo $$ > "$d/cgroup.procs" || exit 97; done; exec "$@"'
+    # Joining a cgroup made a moment ago has failed once with EIO (a lab reset, just after the host's
+    # previous cgroup of the same path was removed): retry for 3 s (the boot counts as failed after 5 s
+    # without a process in its cgroups), then name the cgroup that refused.
+    join = (
+        'for d in $GPUFLEET_LAB_CGROUPS; do n=0; until echo $$ > "$d/cgroup.procs"; do n=$((n+1)); '
+        '[ $n -lt 12 ] || { echo "lab: cannot join cgroup $d" >&2; exit 97; }; sleep 0.25; done; done; '
+        'exec "$@"'
+    )
     env = dict(os.environ)
     env.update(
         GPUFLEET_LAB_CGROUPS=" ".join(spec.cgroups),
