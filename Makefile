@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 LAB_PACKAGES := systemd-container debootstrap git-lfs iptables iproute2 openssh-client
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-all lint unit integration molecule venv lab-prereqs clean
+.PHONY: demo test test-all lint unit integration molecule venv lab-prereqs lab-stress clean
 
 demo: lab-prereqs $(STAMP)  ## validate and plan inventories/prod; then the air-gapped deployment on 3 lab hosts
 	$(BIN)/gpufleet validate -i inventories/prod
@@ -20,6 +20,9 @@ test: lab-prereqs $(STAMP) lint  ## what CI runs: linters, then the pytest suite
 
 test-all: lab-prereqs $(STAMP) lint  ## everything, the heavy tests too (CUDA packages, serving scenarios)
 	$(BIN)/pytest --durations=30 $(PYTEST_ARGS)
+
+lab-stress: lab-prereqs $(STAMP)  ## 50 lab up/down cycles and 50 resets, two labs side by side (not in make test)
+	$(BIN)/python benchmarks/lab_stress.py --markdown benchmarks/results/lab-stress.md
 
 lint: $(STAMP)
 	$(BIN)/yamllint --strict .

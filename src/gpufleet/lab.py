@@ -257,18 +257,10 @@ def _teardown(state: LabState) -> None:
     with file_lock(state_root() / ".network.lock"):
         lab_net.delete_bridge(state.name, state.index)
     for host in state.hosts:
-        for directory in host.cgroups:
-            # .../gpufleet-lab/<lab>, then .../gpufleet-lab unless another lab still uses it
-            for parent in (Path(directory).parent, Path(directory).parent.parent):
-                _rmdir_quietly(parent)
+        lab_host.remove_shared_cgroup_levels(host.spec())
     if state.inventory.is_file() and state.inventory.read_text().startswith(INVENTORY_MARK):
         state.inventory.unlink()
     shutil.rmtree(lab_state.lab_dir(state.name), ignore_errors=True)
-
-
-def _rmdir_quietly(path: Path) -> None:
-    with contextlib.suppress(OSError):  # not empty (another lab) or already gone
-        path.rmdir()
 
 
 def _wait_for_ssh(state: LabState) -> None:

@@ -10,9 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufleet.lab_sys import LabError, run
-
-CGROUP_MOUNTS = Path("/sys/fs/cgroup")
+from gpufleet.lab_sys import LabError, file_lock, run, state_root
 
 
 @dataclass(frozen=True)
@@ -73,22 +71,61 @@ def _cgroup_mounts() -> list[tuple[Path, str]]:
 
 
 def make_cgroups(spec: HostSpec) -> None:
-    for directory in spec.cgroups:
-        path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        if (path / "cpuset.cpus").exists():
-            _init_cpuset(path)
+    """Create the host's cgroup in every hierarchy; a v1 cpuset one gets its cpus and mems first.
+
+    Serialised machine-wide: hosts start in parallel threads and labs in parallel processes, and they
+    share the ``gpufleet-lab`` (and lab) levels of the cpuset tree. Unlocked, one thread could see a shared
+    parent whose ``cpuset.cpus`` another thread had just written but whose ``cpuset.mems`` it had not yet,
+    copy the empty mems down, and leave a leaf that refuses every task with ENOSPC (which dash reports
+    as "echo: I/O error"): the lab's boot flake (issue 18).
+    """
+    with file_lock(state_root() / ".cgroup.lock"):
+        for directory in spec.cgroups:
+            path = Path(directory)
+            path.mkdir(parents=True, exist_ok=True)
+            if (path / "cpuset.cpus").exists():
+                _init_cpuset(path)
+
+
+def remove_shared_cgroup_levels(spec: HostSpec) -> None:
+    """rmdir ``gpufleet-lab/<lab>``, then ``gpufleet-lab``, where no other host or lab uses them.
+
+    Under the same lock as make_cgroups, so another lab never loses a level between its mkdirs.
+    """
+    with file_lock(state_root() / ".cgroup.lock"):
+        for directory in spec.cgroups:
+            for level in (Path(directory).parent, Path(directory).parent.parent):
+                with contextlib.suppress(OSError):  # not empty (another host or lab) or already gone
+                    level.rmdir()
+
+
+CPUSET_FILES = ("cpuset.cpus", "cpuset.mems")
+
+
+def _cpuset_ready(path: Path) -> bool:
+    """A v1 cpuset takes tasks only when both its cpus and its mems are non-empty."""
+    return all((path / name).read_text().strip() for name in CPUSET_FILES)
 
 
 def _init_cpuset(leaf: Path) -> None:
-    """A v1 cpuset cgroup takes no task until cpus and mems are set: copy them down from the parent."""
+    """Copy cpus and mems down from the nearest ready ancestor to every level below it, top first.
+
+    A level is ready only when both files are set: a level left half-written (a crash between the two
+    writes) is filled in rather than trusted.
+    """
     chain = [leaf]
-    while not (chain[-1].parent / "cpuset.cpus").read_text().strip() and chain[-1].parent != CGROUP_MOUNTS:
+    while not _cpuset_ready(chain[-1].parent):
         chain.append(chain[-1].parent)
     for path in reversed(chain):
-        for name in ("cpuset.cpus", "cpuset.mems"):
+        for name in CPUSET_FILES:
             if not (path / name).read_text().strip():
                 (path / name).write_text((path.parent / name).read_text())
+    if not _cpuset_ready(leaf):
+        found = {name: (leaf / name).read_text().strip() for name in CPUSET_FILES}
+        raise LabError(
+            f"lab: cgroup {leaf}: cpuset found {found}; expected cpus and mems set from its parent. "
+            f"Fix: check {leaf.parent}/cpuset.cpus and cpuset.mems, then `gpufleet lab down` and up again."
+        )
 
 
 def mount_root(spec: HostSpec, lowerdir: str) -> None:
@@ -135,13 +172,10 @@ def boot(spec: HostSpec) -> None:
         "--timezone=off",
         "--link-journal=no",
     ]
-    # Joining a cgroup made a moment ago has failed once with EIO (a lab reset, just after the host's
-    # previous cgroup of the same path was removed): retry for 3 s (the boot counts as failed after 5 s
-    # without a process in its cgroups), then name the cgroup that refused.
+    # make_cgroups left every cgroup ready to take a task, so one failed join is a real error: name it.
     join = (
-        'for d in $GPUFLEET_LAB_CGROUPS; do n=0; until echo $$ > "$d/cgroup.procs"; do n=$((n+1)); '
-        '[ $n -lt 12 ] || { echo "lab: cannot join cgroup $d" >&2; exit 97; }; sleep 0.25; done; done; '
-        'exec "$@"'
+        'for d in $GPUFLEET_LAB_CGROUPS; do echo $$ > "$d/cgroup.procs" || '
+        '{ echo "lab: cannot join cgroup $d" >&2; exit 97; }; done; exec "$@"'
     )
     env = dict(os.environ)
     env.update(
