@@ -79,7 +79,7 @@ def run_phase(phase: str, count: int, nodes: int) -> dict[str, list[dict[str, ob
             ],
             stdout=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for name in LABS
     }
     results = {}
