@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 demo: lab-prereqs $(STAMP)  ## validate and plan inventories/prod; then the air-gapped deployment on 3 lab hosts
 	$(BIN)/gpufleet validate -i inventories/prod
 	$(BIN)/gpufleet plan -i inventories/prod
-	$(BIN)/python -m gpufleet.demo  # lab bundle, 3 offline lab hosts (lab "demo", left up), every stage, a chat
+	$(BIN)/python -m gpufleet.lab.demo  # lab bundle, 3 offline lab hosts (lab "demo", left up), every stage, a chat
 
 test: lab-prereqs $(STAMP) lint  ## what CI runs: linters, then the pytest suite less the `heavy` tests
 	$(BIN)/pytest --durations=30 -m "not heavy" $(PYTEST_ARGS)
@@ -26,8 +26,8 @@ lab-stress: lab-prereqs $(STAMP)  ## 50 lab up/down cycles and 50 resets, two la
 
 lint: $(STAMP)
 	$(BIN)/yamllint --strict .
-	$(BIN)/ruff check src tests plugins molecule benchmarks images
-	$(BIN)/ruff format --check src tests plugins molecule benchmarks images
+	$(BIN)/ruff check src tests plugins roles molecule benchmarks images
+	$(BIN)/ruff format --check src tests plugins roles molecule benchmarks images
 	$(BIN)/mypy
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ansible-lint --profile production --strict
 
@@ -39,7 +39,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,lab]'
 	touch $@
 
 lab-prereqs:  ## the lab's Debian packages (root only; skipped when present)

@@ -4,7 +4,8 @@ where the time goes (CPU of Ansible on this machine, CPU inside the lab hosts, w
     sudo .venv/bin/python benchmarks/deploy.py [--name bench-deploy] [--json results.json] [--skip-bundle]
 
 Runs on its own offline lab of three hosts (torn down at the end, even on failure), deploys every stage
-from ``dist/lab-bundle`` (built first by ``gpufleet.demo.build_lab_bundle`` if needed), then deploys again.
+from ``dist/lab-bundle`` (built first by ``gpufleet.lab.demo.build_lab_bundle`` if needed), then deploys
+again.
 The bundle build is timed into a fresh directory (the serving image and the Debian downloads come from
 their caches, as on any machine that built them once) and again with nothing to do; that directory is
 removed afterwards. Every figure is printed with the load average, since this machine is shared.
@@ -24,11 +25,11 @@ from typing import Any
 
 from rich.console import Console
 
-from gpufleet.demo import DIST, build_lab_bundle, route_to_bridge
 from gpufleet.lab import Lab
-from gpufleet.lab_net import outbound_drops
-from gpufleet.report import Failure, StageResult
+from gpufleet.lab.demo import DIST, build_lab_bundle, route_to_bridge
+from gpufleet.lab.net import outbound_drops
 from gpufleet.runner import deploy
+from gpufleet.runner.report import Failure, StageResult
 
 
 def children_cpu() -> float:

@@ -28,7 +28,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from gpufleet.bundle_lfs import LfsServer, make_lfs_repo
+from gpufleet.bundle.lfs import LfsServer, make_lfs_repo
 from gpufleet.lab import Lab
 
 REPO = Path(__file__).resolve().parents[1]

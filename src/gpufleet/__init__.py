@@ -13,17 +13,17 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from gpufleet._version import __version__
 
 _EXPORTS = {
     "deploy": "gpufleet.runner",
     "status": "gpufleet.runner",
     "teardown": "gpufleet.runner",
     "DeployError": "gpufleet.runner",
-    "DeployReport": "gpufleet.report",
-    "StatusReport": "gpufleet.report",
-    "FleetSpec": "gpufleet.config",
-    "load_fleet": "gpufleet.inventory",
+    "DeployReport": "gpufleet.runner",
+    "StatusReport": "gpufleet.runner",
+    "FleetSpec": "gpufleet.fleet",
+    "load_fleet": "gpufleet.fleet",
     "InventoryError": "gpufleet.problems",
     "Problem": "gpufleet.problems",
     "validate_inventory": "gpufleet.fleet",
@@ -31,7 +31,6 @@ _EXPORTS = {
     "Plan": "gpufleet.planner",
     "PlanRequest": "gpufleet.planner",
     "GpuDevice": "gpufleet.planner",
-    "Lab": "gpufleet.lab",
 }
 
 __all__ = [
@@ -40,7 +39,6 @@ __all__ = [
     "FleetSpec",
     "GpuDevice",
     "InventoryError",
-    "Lab",
     "Plan",
     "PlanRequest",
     "Problem",
@@ -55,14 +53,10 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from gpufleet.config import FleetSpec
-    from gpufleet.fleet import validate_inventory
-    from gpufleet.inventory import load_fleet
-    from gpufleet.lab import Lab
+    from gpufleet.fleet import FleetSpec, load_fleet, validate_inventory
     from gpufleet.planner import GpuDevice, Plan, PlanRequest, plan
     from gpufleet.problems import InventoryError, Problem
-    from gpufleet.report import DeployReport, StatusReport
-    from gpufleet.runner import DeployError, deploy, status, teardown
+    from gpufleet.runner import DeployError, DeployReport, StatusReport, deploy, status, teardown
 
 
 def __getattr__(name: str) -> Any:

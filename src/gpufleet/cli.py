@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from importlib import import_module
 
-from gpufleet import __version__
+from gpufleet._version import __version__
 
 # Each module exposes ``register(subparsers)``, which adds its parser and sets ``func(args) -> int``.
 COMMAND_MODULES = ("validate", "plan", "lab", "bundle", "deploy", "status", "teardown", "demo")

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from gpufleet.config import VARIABLES, ServingSpec
+from gpufleet.fleet.schema import VARIABLES, ServingSpec
 from gpufleet.paths import project_root
 
 FLEET_VARIABLE_DOCS: dict[str, str] = {

@@ -170,7 +170,7 @@ def _ready_seconds(lines: Sequence[str]) -> float | None:
 
 
 class PlanFigures(Protocol):
-    """What the planner predicted (gpufleet.planner's Plan has these attributes)."""
+    """What the planner predicted (gpufleet.planner.core's Plan has these attributes)."""
 
     @property
     def weights_gib_per_gpu(self) -> float | None: ...

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from docker_tarball import apt_download, cache_root
 
-from gpufleet.bundle_debian import extract_from_deb
-from gpufleet.bundle_images import write_docker_archive
-from gpufleet.lab_sys import file_lock
+from gpufleet.bundle.debian import extract_from_deb
+from gpufleet.bundle.images import write_docker_archive
+from gpufleet.lab.system import file_lock
 
 IMAGE_REF = "gpufleet-test/busybox:1"
 APPLETS = ("sh", "echo", "cat", "true", "uname", "hostname", "sleep")

@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from gpufleet.lab import Lab, LabInventory
-from gpufleet.lab_state import load as load_lab_state
-from gpufleet.lab_sys import missing_prerequisites, state_root
+from gpufleet.lab.state import load as load_lab_state
+from gpufleet.lab.system import missing_prerequisites, state_root
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent

@@ -4,7 +4,7 @@ Docker's official static tarball (``docker-<version>.tgz``) holds ``docker/<bina
 docker.io, docker-cli, containerd, runc and tini packages hold the same programs, so repackaging them in
 that layout exercises the docker role's static-binary install path with real daemons: bookworm gives
 20.10, trixie 26.1, at the suite's current versions. The download, the repack and the lock are gpufleet's
-own (``gpufleet.bundle_debian``, the bundle builder's debian-docker source, and ``gpufleet.bundle_lock``).
+own (``gpufleet.bundle.debian``, the bundle builder's debian-docker source, and ``gpufleet.bundle.lock``).
 Nothing but Debian's mirror is contacted (the one this machine's apt uses).
 
 Debian's builds are linked dynamically where the official ones are static: bookworm's dockerd needs
@@ -30,10 +30,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufleet.bundle_debian import Apt, build_docker_tarball
-from gpufleet.bundle_fetch import BuildContext
-from gpufleet.bundle_lock import Lock, LockError, lock_entry, read_lock, sha256_file, write_lock
-from gpufleet.lab_sys import cache_dir, file_lock
+from gpufleet.bundle.debian import Apt, build_docker_tarball
+from gpufleet.bundle.fetch import BuildContext
+from gpufleet.bundle.lock import Lock, LockError, lock_entry, read_lock, sha256_file, write_lock
+from gpufleet.lab.system import cache_dir, file_lock
 
 SUITES = ("bookworm", "trixie")
 DEFAULT_MIRROR = "http://deb.debian.org/debian"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from docker_tarball import add_to_lock, cache_root
 
-from gpufleet.lab_sys import file_lock
+from gpufleet.lab.system import file_lock
 
 VERSION = "1.17.4"  # the role default, as offline_bundle/manifest.yml pins it
 RELEASE = "1"

@@ -7,7 +7,7 @@ cluster, serve and verify from the bundle (Docker 20.10 from Debian's packages, 
 tiny model), and a second ``deploy()`` must change nothing. At the end the hosts are reset again, so that
 later tests find them fresh.
 
-The bundle is ``dist/lab-bundle`` (built by :func:`gpufleet.demo.build_lab_bundle`, cached like ``make
+The bundle is ``dist/lab-bundle`` (built by :func:`gpufleet.lab.demo.build_lab_bundle`, cached like ``make
 demo``'s; the serving image comes from ``~/.cache/gpufleet/serving-image``).
 """
 
@@ -21,10 +21,9 @@ import pytest
 from conftest import RunningLab
 from rich.console import Console
 
-from gpufleet.demo import DIST, api_key_file, build_lab_bundle, chat, lab_plan, route_to_bridge
-from gpufleet.lab_net import outbound_drops
-from gpufleet.report import DeployReport
-from gpufleet.runner import STAGES, deploy, status, teardown
+from gpufleet.lab.demo import DIST, api_key_file, build_lab_bundle, chat, lab_plan, route_to_bridge
+from gpufleet.lab.net import outbound_drops
+from gpufleet.runner import STAGES, DeployReport, deploy, status, teardown
 from gpufleet.vllm_log import compare
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.timeout(3600)]

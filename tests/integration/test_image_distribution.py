@@ -16,9 +16,8 @@ import yaml
 from conftest import RunningLab
 from test_model_fetch import changed_counts, install_debs, said, task_results
 
-from gpufleet.bundle import build
-from gpufleet.bundle_images import tar_layer, write_docker_archive
-from gpufleet.bundle_lock import sha256_file
+from gpufleet.bundle import build, sha256_file
+from gpufleet.bundle.images import tar_layer, write_docker_archive
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 COMPRESSIONS = ("none", "gzip", "zstd")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import lab_name, skip_unless_lab_possible
 
-from gpufleet import lab_host
+from gpufleet.lab import host as lab_host
 
 pytestmark = [pytest.mark.lab]
 

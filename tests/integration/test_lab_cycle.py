@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from conftest import RunningLab, lab_name
 
-from gpufleet import lab_host, lab_net
 from gpufleet.lab import Lab
-from gpufleet.lab_sys import run, state_root
+from gpufleet.lab import host as lab_host
+from gpufleet.lab import net as lab_net
+from gpufleet.lab.system import run, state_root
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -20,7 +20,7 @@ from busybox_image import IMAGE_REF, build_busybox_image
 from conftest import RunningLab, lab_name, skip_unless_lab_possible
 
 from gpufleet.lab import Lab
-from gpufleet.lab_sys import cache_dir, file_lock
+from gpufleet.lab.system import cache_dir, file_lock
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -11,10 +11,12 @@ import pytest
 import yaml
 from conftest import REPO, VENV_BIN
 
-from gpufleet import lab_net, lab_rootfs, lab_sys
 from gpufleet.commands import lab as lab_command
 from gpufleet.lab import Lab, LabError
-from gpufleet.lab_inventory import LabHost, LabInventory, render
+from gpufleet.lab import net as lab_net
+from gpufleet.lab import rootfs as lab_rootfs
+from gpufleet.lab import system as lab_sys
+from gpufleet.lab.inventory import LabHost, LabInventory, render
 
 
 def inventory(nodes: int) -> LabInventory:

@@ -14,7 +14,7 @@ import time
 import pytest
 from conftest import RunningLab
 
-from gpufleet.lab_sys import run
+from gpufleet.lab.system import run
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(120)]
 

@@ -21,12 +21,11 @@ import pytest
 import yaml
 from conftest import REPO, RunningLab, ansible_env
 
-from gpufleet.bundle import build
-from gpufleet.bundle_debian import Apt
-from gpufleet.bundle_fetch import BuildContext
-from gpufleet.bundle_lfs import LfsServer, lfs_object_path, make_lfs_repo
-from gpufleet.bundle_lock import sha256_file
-from gpufleet.tiny_model import write_tiny_model
+from gpufleet.bundle import build, sha256_file
+from gpufleet.bundle.debian import Apt
+from gpufleet.bundle.fetch import BuildContext
+from gpufleet.bundle.lfs import LfsServer, lfs_object_path, make_lfs_repo
+from gpufleet.lab.tiny_model import write_tiny_model
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 REPO_ID = "gpufleet/tiny-qwen2"

@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from gpufleet.progress import LiveProgress, print_deploy_report
-from gpufleet.report import DeployReport
-from gpufleet.runner import STAGES, deploy, status, teardown
+from gpufleet.runner import STAGES, DeployReport, deploy, status, teardown
+from gpufleet.runner.progress import LiveProgress, print_deploy_report
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, VENV_BIN, ansible_env, skip_unless_lab_possible
 
-from gpufleet.lab_state import load
-from gpufleet.serving_image import DEFAULT_SPEC, BuiltImage, ImageSpec, build
+from gpufleet.lab.serving_image import DEFAULT_SPEC, BuiltImage, ImageSpec, build
+from gpufleet.lab.state import load
 
 # ray_cluster and vllm_service each copy the 3 GB serving image to 3 hosts; the end-to-end test
 # (test_e2e.py) runs both roles in `make test`, these scenarios in `make test-all`.

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.serving_image import (
+from gpufleet.lab.serving_image import (
     DEFAULT_SPEC,
     ImageSpec,
     image_config,

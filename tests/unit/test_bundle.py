@@ -11,14 +11,13 @@ from typing import Any
 import pytest
 import yaml
 
-from gpufleet.bundle import BuildError, ManifestError, build, verify
-from gpufleet.bundle_fetch import BuildContext, download
-from gpufleet.bundle_images import image_id, tar_layer, write_docker_archive
-from gpufleet.bundle_lfs import LfsServer, make_lfs_repo
-from gpufleet.bundle_lock import LOCK_NAME, sha256_file
-from gpufleet.bundle_manifest import load_manifest
+from gpufleet.bundle import BuildError, ManifestError, build, load_manifest, verify
+from gpufleet.bundle.fetch import BuildContext, download
+from gpufleet.bundle.images import image_id, tar_layer, write_docker_archive
+from gpufleet.bundle.lfs import LfsServer, make_lfs_repo
+from gpufleet.bundle.lock import LOCK_NAME, sha256_file
 from gpufleet.commands import bundle as bundle_command
-from gpufleet.tiny_model import write_tiny_model
+from gpufleet.lab.tiny_model import write_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -256,7 +255,7 @@ def test_threads_do_not_leak(http_root: tuple[LfsServer, Path]) -> None:
 
 
 def test_docker_binaries_are_executables_not_same_named_config_files(tmp_path: Path) -> None:
-    from gpufleet.bundle_debian import DOCKER_BINARIES, find_binaries
+    from gpufleet.bundle.debian import DOCKER_BINARIES, find_binaries
 
     (tmp_path / "etc/default").mkdir(parents=True)
     (tmp_path / "etc/default/docker").write_text("# sourced by the init script\n")

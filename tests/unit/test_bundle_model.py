@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.bundle_lfs import LfsServer, _range_start, lfs_object_path, make_lfs_repo
-from gpufleet.bundle_lock import sha256_file
-from gpufleet.tiny_model import TinyModelSpec, read_safetensors_header, tensor_shapes, write_tiny_model
+from gpufleet.bundle import sha256_file
+from gpufleet.bundle.lfs import LfsServer, _range_start, lfs_object_path, make_lfs_repo
+from gpufleet.lab.tiny_model import TinyModelSpec, read_safetensors_header, tensor_shapes, write_tiny_model
 
 QWEN2_LAYER_WEIGHTS = {
     "self_attn.q_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.weight", "self_attn.k_proj.bias",

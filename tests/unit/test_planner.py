@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpufleet.planner import (
+from gpufleet.planner.arch import GIB, Param, Quantization, param_bytes, pp_layer_split
+from gpufleet.planner.core import (
     GpuDevice,
     Plan,
     PlannerInputError,
@@ -19,7 +20,6 @@ from gpufleet.planner import (
     load_model_config,
     plan,
 )
-from gpufleet.planner_arch import GIB, Param, Quantization, param_bytes, pp_layer_split
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 SETTINGS = (

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpufleet.config import VARIABLES, ServingSpec
 from gpufleet.docs import render
+from gpufleet.fleet.schema import VARIABLES, ServingSpec
 
 from .conftest import REPO
 

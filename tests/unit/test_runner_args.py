@@ -9,8 +9,8 @@ from pathlib import Path
 import ansible_runner
 import pytest
 
-from gpufleet.runner import STAGES, DeployError, deploy_specs, select_stages
-from gpufleet.runner_ansible import PASSED_ENV, RunSpec, restrict_env, runner_arguments, runner_env
+from gpufleet.runner.arguments import PASSED_ENV, RunSpec, restrict_env, runner_arguments, runner_env
+from gpufleet.runner.deploy import STAGES, DeployError, deploy_specs, select_stages
 
 
 @pytest.fixture

@@ -15,9 +15,9 @@ from gpufleet.commands import deploy as deploy_command
 from gpufleet.commands import status as status_command
 from gpufleet.commands import teardown as teardown_command
 from gpufleet.commands.deploy import exit_code, planned
-from gpufleet.progress import LiveProgress, print_deploy_report
-from gpufleet.report import DeployReport, StageResult
-from gpufleet.runner_events import StageRecorder
+from gpufleet.runner.events import StageRecorder
+from gpufleet.runner.progress import LiveProgress, print_deploy_report
+from gpufleet.runner.report import DeployReport, StageResult
 from gpufleet.vllm_log import VllmFacts
 
 from .conftest import InventoryFactory

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from gpufleet.report import Failure, HostResult, StageResult
-from gpufleet.runner_events import StageRecorder, failure_message
+from gpufleet.runner.events import StageRecorder, failure_message
+from gpufleet.runner.report import Failure, HostResult, StageResult
 
 EVENTS = Path(__file__).parent / "data" / "runner_events"
 SECRET = "s3cr3t-token-0042"  # what record.py's no_log tasks echoed

@@ -6,10 +6,10 @@ from io import StringIO
 
 from rich.console import Console
 
-from gpufleet.progress import print_deploy_report
-from gpufleet.report import DeployReport, HostResult, StageResult, VerifyResult
-from gpufleet.runner import _verify
-from gpufleet.runner_events import StageRecorder
+from gpufleet.runner.deploy import _verify
+from gpufleet.runner.events import StageRecorder
+from gpufleet.runner.progress import print_deploy_report
+from gpufleet.runner.report import DeployReport, HostResult, StageResult, VerifyResult
 
 PUBLISHED = {
     "completion": "hello cluster",

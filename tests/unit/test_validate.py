@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 
 from gpufleet.cli import main
-from gpufleet.fleet import validate_inventory
-from gpufleet.inventory import load_fleet, plan_request_for_inventory
+from gpufleet.fleet import load_fleet, plan_request_for_inventory, validate_inventory
 from gpufleet.problems import InventoryError
 
 from .conftest import PROD_INVENTORY, InventoryFactory, head_vars, worker_vars

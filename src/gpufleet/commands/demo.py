@@ -1,11 +1,11 @@
-"""``gpufleet demo``: the air-gapped end-to-end deployment on three offline lab hosts (see gpufleet.demo)."""
+"""``gpufleet demo``: the air-gapped end-to-end deployment on three offline lab hosts (gpufleet.lab.demo)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from gpufleet import demo
+from gpufleet.lab import demo
 
 
 def register(subparsers: Any) -> None:

@@ -18,9 +18,8 @@ from typing import Any, TypeVar
 from rich.console import Console
 
 from gpufleet.problems import InventoryError
-from gpufleet.progress import LiveProgress, print_deploy_report
-from gpufleet.report import DeployReport, StatusReport
-from gpufleet.runner import STAGES, DeployError, ProgressSink, deploy
+from gpufleet.runner import STAGES, DeployError, DeployReport, ProgressSink, StatusReport, deploy
+from gpufleet.runner.progress import LiveProgress, print_deploy_report
 from gpufleet.vllm_log import PlanFigures
 
 Report = TypeVar("Report", DeployReport, StatusReport)
@@ -96,7 +95,7 @@ def exit_code(report: DeployReport | StatusReport) -> int:
 def planned(inventory: Path) -> PlanFigures | None:
     """The planner's prediction for the inventory, to compare with what vLLM measured; None if unplannable."""
     try:
-        from gpufleet.inventory import plan_request_for_inventory  # noqa: PLC0415  (imports ansible)
+        from gpufleet.fleet import plan_request_for_inventory  # noqa: PLC0415  (imports ansible)
         from gpufleet.planner import plan  # noqa: PLC0415
 
         return plan(plan_request_for_inventory(inventory))

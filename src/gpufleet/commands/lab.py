@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from gpufleet.lab import DEFAULT_LAB, Lab, LabError, LabInventory
-from gpufleet.lab_rootfs import DEFAULT_SUITE, SUITES
+from gpufleet.lab.rootfs import DEFAULT_SUITE, SUITES
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     except PlannerInputError as error:
         print(f"gpufleet plan: {error}", file=sys.stderr)
         return 1 if args.inventory else 2
-    from gpufleet import plan_report  # noqa: PLC0415  (rich loads only when something is shown)
+    from gpufleet.planner import report as plan_report  # noqa: PLC0415  (rich loads only when something is shown)
 
     if args.json:
         print(plan_report.plan_json(result))
@@ -114,8 +114,8 @@ def _inventory_request(args: argparse.Namespace) -> PlanRequest:
     path = Path(args.inventory)
     if not path.exists():
         raise UsageError(f"-i {path}: no such file or directory; pass an inventory file or directory")
-    # InventoryError lives in gpufleet.problems; gpufleet.inventory raises it. Imported here: ansible.
-    from gpufleet.inventory import plan_request_for_inventory  # noqa: PLC0415
+    # InventoryError lives in gpufleet.problems; gpufleet.fleet.inventory raises it. Imported here: ansible.
+    from gpufleet.fleet import plan_request_for_inventory  # noqa: PLC0415
     from gpufleet.problems import InventoryError  # noqa: PLC0415
 
     try:

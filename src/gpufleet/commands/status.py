@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.commands.deploy import run_reporting
-from gpufleet.progress import print_status_report
-from gpufleet.report import StatusReport
-from gpufleet.runner import ProgressSink, status
+from gpufleet.runner import ProgressSink, StatusReport, status
+from gpufleet.runner.progress import print_status_report
 
 
 def register(subparsers: Any) -> None:

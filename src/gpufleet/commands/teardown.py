@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.commands.deploy import run_reporting
-from gpufleet.progress import print_deploy_report
-from gpufleet.report import DeployReport
-from gpufleet.runner import ProgressSink, teardown
+from gpufleet.runner import DeployReport, ProgressSink, teardown
+from gpufleet.runner.progress import print_deploy_report
 
 
 def register(subparsers: Any) -> None:

@@ -1,4 +1,4 @@
-"""Record real ansible-runner events for the unit tests of gpufleet.runner_events.
+"""Record real ansible-runner events for the unit tests of gpufleet.runner.events.
 
 Run from the repository root with the project's virtual environment:
 

@@ -2,13 +2,13 @@
 
 From a model's ``config.json`` and the hardware, per GPU:
 
-- computed exactly (:mod:`gpufleet.planner_arch`, :mod:`gpufleet.planner_weights`): weights (embeddings,
+- computed exactly (:mod:`gpufleet.planner.arch`, :mod:`gpufleet.planner.weights`): weights (embeddings,
   attention with GQA/MQA and explicit ``head_dim``, biases, q/k norms, MLP, norms, rotary cache; TP
   sharding, PP split, quantization, ``cpu_offload_gb``), KV bytes per token
   (``2 x layers_on_gpu x max(1, kv_heads/TP) x head_dim x kv_dtype_bytes``), the derived maximum model
   length, and, given the KV-cache memory, blocks (``floor(KV / (block_size x bytes_per_token))``), tokens
   (``blocks x block_size``) and maximum concurrency (``tokens / max_model_len``);
-- estimated (:mod:`gpufleet.planner_estimates`, formulas and calibration there): activation peak,
+- estimated (:mod:`gpufleet.planner.estimates`, formulas and calibration there): activation peak,
   non-torch memory and CUDA-graph memory, hence the KV-cache memory and everything derived from it,
   unless ``kv_cache_memory_gib`` fixes it. :attr:`Plan.estimated` names every estimated figure.
 
@@ -38,19 +38,12 @@ other loads match them within 0.3 %.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from gpufleet.planner_arch import (
-    DTYPE_BYTES,
+from gpufleet.planner.arch import (
     GIB,
-    DerivedMaxLen,
-    ModelArch,
     PlannerInputError,
-    Quantization,
     checkpoint_quantization,
     derive_max_model_len,
     kv_bytes_per_token,
@@ -60,14 +53,23 @@ from gpufleet.planner_arch import (
     resolve_kv_cache_dtype,
     resolve_quantization,
 )
-from gpufleet.planner_checks import check_kv_cache, check_settings, context_warnings
-from gpufleet.planner_estimates import (
+from gpufleet.planner.checks import check_kv_cache, check_settings, context_warnings
+from gpufleet.planner.estimates import (
     activation_peak_bytes,
     cuda_graph_bytes,
     default_batching,
     non_torch_bytes,
 )
-from gpufleet.planner_weights import StageShape, stage_weights
+from gpufleet.planner.model import (
+    GpuDevice,
+    KvCapacity,
+    Plan,
+    PlanContext,
+    PlanRequest,
+    StagePlan,
+    kv_cache_capacity,
+)
+from gpufleet.planner.weights import StageShape, stage_weights
 
 __all__ = [
     "GpuDevice",
@@ -83,115 +85,6 @@ __all__ = [
 
 ALWAYS_ESTIMATED = ("activation_peak_gib", "non_torch_gib", "cuda_graph_gib")
 KV_DERIVED = ("kv_cache_gib_per_gpu", "kv_cache_blocks", "kv_cache_tokens", "max_concurrency")
-
-
-class GpuDevice(BaseModel):
-    """One GPU: its name and total memory as CUDA reports it (``torch.cuda.mem_get_info`` total)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str = Field(min_length=1)
-    memory_gib: float = Field(gt=0)
-
-
-class PlanRequest(BaseModel):
-    """A model, the GPUs of a deployment and vLLM's settings (vLLM's names and defaults)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    hf_config: dict[str, Any]
-    gpus: tuple[GpuDevice, ...] = Field(min_length=1)
-    tensor_parallel_size: int = Field(default=1, ge=1)
-    pipeline_parallel_size: int = Field(default=1, ge=1)
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    max_model_len: int | None = Field(default=None, ge=1)  # None = the derived maximum
-    block_size: int = Field(default=16, ge=1)
-    dtype: str = "auto"
-    kv_cache_dtype: str = "auto"
-    quantization: str | None = None
-    cpu_offload_gb: float = Field(default=0.0, ge=0)  # GiB per GPU, as vLLM reads it
-    max_num_batched_tokens: int | None = Field(default=None, ge=1)
-    max_num_seqs: int | None = Field(default=None, ge=1)
-    kv_cache_memory_gib: float | None = Field(default=None, gt=0)
-    enforce_eager: bool = False
-
-
-class StagePlan(BaseModel):
-    """One GPU of one pipeline stage (all TP ranks of a stage hold the same amounts)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    pipeline_rank: int
-    first_layer: int
-    end_layer: int  # exclusive, as vLLM's get_pp_indices
-    embedding_gib: float
-    decoder_layers_gib: float
-    lm_head_gib: float
-    other_gib: float  # final norm and rotary cache
-    weights_gib: float
-    offloaded_weights_gib: float
-    activation_peak_gib: float
-    non_torch_gib: float
-    cuda_graph_gib: float
-    kv_bytes_per_token: int
-    kv_cache_gib: float
-    kv_cache_blocks: int
-
-
-class Plan(BaseModel):
-    """What vLLM will do per GPU; figures named in ``estimated`` are estimates, the rest are computed."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    model_type: str
-    dtype: str
-    kv_cache_dtype: str
-    quantization: str | None
-    gpu_name: str  # the GPU that decides (the smallest)
-    gpu_memory_gib: float
-    tensor_parallel_size: int
-    pipeline_parallel_size: int
-    gpu_memory_utilization: float
-    requested_gib_per_gpu: float
-    max_model_len: int
-    derived_max_model_len: int
-    max_num_batched_tokens: int
-    max_num_seqs: int
-    block_size: int
-    weights_gib_per_gpu: float
-    offloaded_weights_gib_per_gpu: float
-    activation_peak_gib: float
-    non_torch_gib: float
-    cuda_graph_gib: float
-    kv_bytes_per_token_per_gpu: int
-    kv_cache_gib_per_gpu: float
-    kv_cache_blocks: int
-    kv_cache_tokens: int
-    max_concurrency: float
-    estimated: list[str]
-    deciding_stage: int
-    stages: list[StagePlan]
-    errors: list[str]
-    warnings: list[str]
-
-    def to_json_dict(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
-
-
-@dataclass(frozen=True)
-class KvCapacity:
-    blocks: int
-    tokens: int
-    max_concurrency: float
-
-
-def kv_cache_capacity(
-    kv_cache_bytes: int, bytes_per_token: int, block_size: int, max_model_len: int
-) -> KvCapacity:
-    """Blocks, tokens and "Maximum concurrency for N tokens per request" for a KV-cache size."""
-    blocks = max(0, kv_cache_bytes // (block_size * bytes_per_token)) if bytes_per_token else 0
-    tokens = blocks * block_size
-    return KvCapacity(blocks, tokens, tokens / max_model_len)
 
 
 def load_model_config(path: Path) -> dict[str, Any]:
@@ -213,34 +106,6 @@ def load_model_config(path: Path) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise PlannerInputError(f"{file}: found a JSON {type(config).__name__}; expected a JSON object")
     return config
-
-
-@dataclass(frozen=True)
-class PlanContext:
-    """The request resolved: model shape, dtypes, quantization, the deciding GPU and batch sizes."""
-
-    request: PlanRequest
-    arch: ModelArch
-    dtype: str
-    kv_cache_dtype: str
-    kv_dtype_bytes: int
-    quant: Quantization | None
-    derived: DerivedMaxLen
-    gpu: GpuDevice
-    batching: tuple[int, int]
-    config_quantization: str | None = None
-
-    @property
-    def max_model_len(self) -> int:
-        return self.request.max_model_len or self.derived.value
-
-    @property
-    def dtype_bytes(self) -> int:
-        return DTYPE_BYTES[self.dtype]
-
-    @property
-    def world_size(self) -> int:
-        return self.request.tensor_parallel_size * self.request.pipeline_parallel_size
 
 
 def resolve(request: PlanRequest) -> PlanContext:

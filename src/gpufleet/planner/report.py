@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gpufleet.planner import Plan
+from gpufleet.planner.model import Plan
 
 ESTIMATED_MARK = "estimated"
 COMPUTED_MARK = "computed"

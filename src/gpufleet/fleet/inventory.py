@@ -17,8 +17,7 @@ import yaml
 from gpufleet.problems import InventoryError, Problem
 
 if TYPE_CHECKING:
-    from gpufleet.config import FleetSpec
-    from gpufleet.planner import PlanRequest
+    pass
 
 # Variables Ansible adds to every host; never the user's.
 MAGIC_VARIABLES = frozenset(
@@ -207,24 +206,3 @@ def _duplicate_keys(path: Path) -> Iterator[Problem]:
                 "each host or variable once",
                 "remove or rename one of them (Ansible keeps only the last and says nothing more)",
             )
-
-
-def load_fleet(path: Path) -> FleetSpec:
-    """Read and validate an inventory; raises InventoryError listing every problem."""
-    from gpufleet.fleet import validate_inventory  # noqa: PLC0415  (fleet builds on this module)
-
-    result = validate_inventory(path)
-    if result.problems or result.fleet is None:
-        raise InventoryError(result.problems)
-    return result.fleet
-
-
-def plan_request_for_inventory(path: Path) -> PlanRequest:
-    """The planner's input for an inventory's fleet and model; raises InventoryError."""
-    from gpufleet.fleet import plan_request  # noqa: PLC0415
-
-    fleet = load_fleet(path)
-    request, problems = plan_request(fleet)
-    if request is None:
-        raise InventoryError(problems)
-    return request

@@ -6,7 +6,8 @@ virtual environment installed from a resolved wheel set inside that root file sy
 The image tarball (``manifest.json`` + config JSON + ``<diff_id>/layer.tar``) is what ``docker load``
 reads. A warm rebuild finds every piece by its key and takes seconds.
 
-Usage (root: debootstrap and chroot): ``python -m gpufleet.serving_image build [--spec FILE] [--output FILE]``
+Usage (root: debootstrap and chroot):
+``python -m gpufleet.lab.serving_image build [--spec FILE] [--output FILE]``
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from packaging.utils import canonicalize_name
 
 # Bump when the build steps change in a way the spec does not show, to invalidate every cached layer.
 RECIPE = "4"
-DEFAULT_SPEC = Path(__file__).resolve().parents[2] / "images" / "vllm-cpu" / "image.yml"
+DEFAULT_SPEC = Path(__file__).resolve().parents[3] / "images" / "vllm-cpu" / "image.yml"
 PATH = "/opt/vllm/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Left out of the base layer: docker provides them at run time, or they are only apt's leftovers.
 BASE_EXCLUDES = ("dev/*", "proc/*", "sys/*", "run/*", "tmp/*", "var/cache/apt/*", "var/lib/apt/lists/*")
@@ -316,7 +317,7 @@ def image_config(spec: ImageSpec, layers: Sequence[Layer], labels: dict[str, str
             "Labels": labels,
         },
         "rootfs": {"type": "layers", "diff_ids": [layer.diff_id for layer in layers]},
-        "history": [{"created_by": f"gpufleet.serving_image layer {i}"} for i in range(len(layers))],
+        "history": [{"created_by": f"gpufleet.lab.serving_image layer {i}"} for i in range(len(layers))],
     }
     return json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
 
@@ -401,7 +402,7 @@ def publish(image: BuiltImage, output: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m gpufleet.serving_image", description=__doc__.splitlines()[0]
+        prog="python -m gpufleet.lab.serving_image", description=__doc__.splitlines()[0]
     )
     sub = parser.add_subparsers(dest="command", required=True)
     cmd = sub.add_parser("build", help="build the image tarball (cached) and print what was built as JSON")
@@ -413,7 +414,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         image = build(ImageSpec.load(args.spec), args.cache, args.keep_rootfs)
     except ImageBuildError as exc:
-        print(f"gpufleet.serving_image: {exc}", file=sys.stderr)
+        print(f"gpufleet.lab.serving_image: {exc}", file=sys.stderr)
         return 1
     if args.output:
         publish(image, args.output)

@@ -15,8 +15,8 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from gpufleet.bundle_fetch import BuildContext, BuildError, run
-from gpufleet.bundle_manifest import DebianRepoSource
+from gpufleet.bundle.fetch import BuildContext, BuildError, run
+from gpufleet.bundle.manifest import DebianRepoSource
 
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 # Binaries of Docker's official static tarball (docker-<version>.tgz holds docker/<binary>).

@@ -14,10 +14,10 @@ from pathlib import Path
 
 from rich.console import Console
 
-from gpufleet.bundle_debian import describe, fetch_debian_docker, fetch_debian_repo
-from gpufleet.bundle_fetch import BuildContext, BuildError, copy_file, download, run
-from gpufleet.bundle_images import image_id, save_image
-from gpufleet.bundle_lock import (
+from gpufleet.bundle.debian import describe, fetch_debian_docker, fetch_debian_repo
+from gpufleet.bundle.fetch import BuildContext, BuildError, copy_file, download, run
+from gpufleet.bundle.images import image_id, save_image
+from gpufleet.bundle.lock import (
     Lock,
     LockedFile,
     LockedImage,
@@ -30,7 +30,7 @@ from gpufleet.bundle_lock import (
     verify_bundle,
     write_lock,
 )
-from gpufleet.bundle_manifest import (
+from gpufleet.bundle.manifest import (
     DebianDockerSource,
     DebianRepoSource,
     DockerArchiveSource,
@@ -45,7 +45,7 @@ from gpufleet.bundle_manifest import (
     SkopeoSource,
     load_manifest,
 )
-from gpufleet.bundle_model import fetch_model, head_commit
+from gpufleet.bundle.model import fetch_model, head_commit
 
 __all__ = ["BuildError", "BuildResult", "LockError", "ManifestError", "build", "load_manifest", "verify"]
 

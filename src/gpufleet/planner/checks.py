@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpufleet.planner_arch import QUANTIZATION_ALIASES, ModelArch, config_dtype
+from gpufleet.planner.arch import QUANTIZATION_ALIASES, ModelArch, config_dtype
 
 if TYPE_CHECKING:
-    from gpufleet.planner import PlanContext, StagePlan
+    from gpufleet.planner.model import PlanContext, StagePlan
 
 KNOWN_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 # GPUs before Ampere: no bfloat16 in vLLM (compute capability < 8.0).

@@ -16,7 +16,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from gpufleet.report import DeployReport, Failure, StageResult, StatusReport, VerifyResult
+from gpufleet.runner.report import DeployReport, Failure, StageResult, StatusReport, VerifyResult
 from gpufleet.vllm_log import VllmFacts
 
 _COLUMNS = ("ok", "changed", "failed", "skipped")

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from gpufleet.config import (
+from gpufleet.fleet.inventory import RawHost, RawInventory, read_inventory
+from gpufleet.fleet.schema import (
     FLEET_ONLY_VARIABLES,
     VARIABLES,
     FleetSpec,
@@ -21,7 +22,6 @@ from gpufleet.config import (
     ServingSpec,
     gpu_memory_gib,
 )
-from gpufleet.inventory import RawHost, RawInventory, read_inventory
 from gpufleet.paths import project_root
 from gpufleet.problems import InventoryError, Problem, merged, without_echoes
 
@@ -405,3 +405,20 @@ def _check_plan(fleet: FleetSpec, result: Validation) -> None:
             )
         )
     result.warnings += outcome.warnings
+
+
+def load_fleet(path: Path) -> FleetSpec:
+    """Read and validate an inventory; raises InventoryError listing every problem."""
+    result = validate_inventory(path)
+    if result.problems or result.fleet is None:
+        raise InventoryError(result.problems)
+    return result.fleet
+
+
+def plan_request_for_inventory(path: Path) -> PlanRequest:
+    """The planner's input for an inventory's fleet and model; raises InventoryError."""
+    fleet = load_fleet(path)
+    request, problems = plan_request(fleet)
+    if request is None:
+        raise InventoryError(problems)
+    return request

@@ -25,11 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn, TypeVar
 
-from gpufleet import lab_host, lab_inventory, lab_net, lab_state
-from gpufleet.lab_inventory import DEFAULT_LAB, SSH_COMMON_ARGS, LabHost, LabInventory
-from gpufleet.lab_rootfs import DEFAULT_SUITE, RootFs, ensure_rootfs
-from gpufleet.lab_state import HostState, LabState
-from gpufleet.lab_sys import LabError, file_lock, missing_prerequisites, state_root
+from gpufleet.lab import host as lab_host
+from gpufleet.lab import inventory as lab_inventory
+from gpufleet.lab import net as lab_net
+from gpufleet.lab import state as lab_state
+from gpufleet.lab.inventory import DEFAULT_LAB, SSH_COMMON_ARGS, LabHost, LabInventory
+from gpufleet.lab.rootfs import DEFAULT_SUITE, RootFs, ensure_rootfs
+from gpufleet.lab.state import HostState, LabState
+from gpufleet.lab.system import LabError, file_lock, missing_prerequisites, state_root
 
 __all__ = ["DEFAULT_LAB", "HostStatus", "Lab", "LabError", "LabHost", "LabInventory"]
 

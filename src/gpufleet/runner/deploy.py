@@ -3,8 +3,8 @@
 Each stage runs ``playbooks/<stage>.yml`` of the project root (``$GPUFLEET_HOME`` or the checkout this
 package runs from), in the order of :data:`STAGES`; a stage that fails stops the run and the report names
 the stage, the host, the task and the message. How ansible-runner is called (arguments, environment
-allow-list, signals) lives in :mod:`gpufleet.runner_ansible`; events become results in
-:mod:`gpufleet.runner_events`.
+allow-list, signals) lives in :mod:`gpufleet.runner.arguments`; events become results in
+:mod:`gpufleet.runner.events`.
 
 Contract with the playbooks (what the report reads). A task publishes a fact for the report by setting it
 with ``ansible.builtin.set_fact`` (``cacheable`` or not) without ``no_log``; the report takes the last
@@ -18,7 +18,7 @@ value set by any host in the run:
 - ``gpufleet_vllm_ready``: true when /v1/models lists the served model (status).
 - ``gpufleet_ray_nodes_alive``, ``gpufleet_ray_nodes_expected``, ``gpufleet_ray_gpus``: from ``ray
   status`` on the head and the inventory (status).
-- ``gpufleet_verify``: a mapping with the fields of :class:`gpufleet.report.VerifyResult` (verify): the
+- ``gpufleet_verify``: a mapping with the fields of :class:`gpufleet.runner.report.VerifyResult` (verify): the
   completion text, the status of the request without the key, whether /metrics answered, benchmark figures.
 """
 
@@ -32,9 +32,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpufleet.paths import project_root
-from gpufleet.report import DeployReport, StatusReport, VerifyResult
-from gpufleet.runner_ansible import Facts, RunSpec, run_stages
-from gpufleet.runner_events import ProgressSink
+from gpufleet.runner.arguments import Facts, RunSpec, run_stages
+from gpufleet.runner.events import ProgressSink
+from gpufleet.runner.report import DeployReport, StatusReport, VerifyResult
 from gpufleet.vllm_log import PlanFigures, VllmFacts
 
 __all__ = [
@@ -302,7 +302,7 @@ def _check_bundle(bundle: Path, variables: Mapping[str, Any]) -> Path:
 def _validate(inventory: Path) -> None:
     """The same checks as ``gpufleet validate``; raises InventoryError."""
     try:
-        from gpufleet.inventory import load_fleet  # noqa: PLC0415  (imports ansible: only when deploying)
+        from gpufleet.fleet import load_fleet  # noqa: PLC0415  (imports ansible: only when deploying)
     except ImportError:  # the inventory module is optional in a partial install; preflight checks again
         return
     load_fleet(inventory)

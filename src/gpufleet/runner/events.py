@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from gpufleet.report import Failure, HostResult, StageResult, StageStatus
+from gpufleet.runner.report import Failure, HostResult, StageResult, StageStatus
 
-# Facts a stage may publish for the report (see gpufleet.runner's docstring for the contract).
+# Facts a stage may publish for the report (see gpufleet.runner.deploy's docstring for the contract).
 PUBLISHED_FACTS = frozenset(
     {
         "gpufleet_endpoint",
@@ -49,7 +49,7 @@ _STOPPED = {
 
 
 class ProgressSink(Protocol):
-    """Receives a run's progress as it happens (gpufleet.progress.LiveProgress draws it)."""
+    """Receives a run's progress as it happens (gpufleet.runner.progress.LiveProgress draws it)."""
 
     def stage_started(self, stage: str) -> None: ...
     def task_started(self, stage: str, host: str, task: str) -> None: ...

@@ -12,8 +12,8 @@ import re
 import shutil
 from pathlib import Path
 
-from gpufleet.bundle_fetch import BuildError, run
-from gpufleet.bundle_lock import sha256_file
+from gpufleet.bundle.fetch import BuildError, run
+from gpufleet.bundle.lock import sha256_file
 
 SKIP_SMUDGE = {"GIT_LFS_SKIP_SMUDGE": "1", "GIT_TERMINAL_PROMPT": "0"}
 

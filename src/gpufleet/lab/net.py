@@ -11,7 +11,7 @@ import json
 import shlex
 from pathlib import Path
 
-from gpufleet.lab_sys import LabError, run, state_root
+from gpufleet.lab.system import LabError, run, state_root
 
 LAB_SUPERNET = ipaddress.ip_network("10.231.0.0/16")
 # 10.231.0.0/24 is the shared reference script's; keep clear of it.

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufleet.lab_sys import LabError, file_lock, run, state_root
+from gpufleet.lab.system import LabError, file_lock, run, state_root
 
 
 @dataclass(frozen=True)

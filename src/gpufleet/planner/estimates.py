@@ -33,14 +33,14 @@ Batching defaults follow ``vllm serve`` (V1, chunked prefill): 8192 batched toke
 GPUs with at least 70 GiB other than the A100, 2048 and 256 elsewhere.
 
 With these, the KV cache predicted for the shared cases lies between -6 % and +8 % of what vLLM reported
-(the table is in :mod:`gpufleet.planner`'s docstring); the tests hold it to 12 %.
+(the table is in :mod:`gpufleet.planner.core`'s docstring); the tests hold it to 12 %.
 """
 
 from __future__ import annotations
 
 import math
 
-from gpufleet.planner_arch import GIB, ModelArch, heads_per_rank
+from gpufleet.planner.arch import GIB, ModelArch, heads_per_rank
 
 NON_TORCH_GIB = 0.25
 COLLECTIVES_GIB = 0.35

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufleet.lab_sys import LabError, cache_dir, file_lock, run
+from gpufleet.lab.system import LabError, cache_dir, file_lock, run
 
 SUITES = ("bookworm", "trixie")
 DEFAULT_SUITE = "bookworm"

@@ -21,7 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from gpufleet.bundle_fetch import run
+from gpufleet.bundle.fetch import run
 
 # The patterns ModelScope puts in a new model repository's .gitattributes (the weight formats that matter).
 GITATTRIBUTES = "".join(
@@ -223,7 +223,7 @@ def _range_start(header: str | None, size: int) -> int:
 
 
 def serve_forever(root: Path, host: str, port: int) -> None:  # pragma: no cover - manual use
-    """Run a server in the foreground (``python -m gpufleet.bundle_lfs ROOT HOST PORT``)."""
+    """Run a server in the foreground (``python -m gpufleet.bundle.lfs ROOT HOST PORT``)."""
     with LfsServer(root, host, port) as server:
         print(f"serving {root} at {server.url}", flush=True)
         while True:

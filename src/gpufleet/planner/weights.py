@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpufleet.planner_arch import GIB, ModelArch, Quantization, iter_layer_bytes, vocab_per_rank
+from gpufleet.planner.arch import GIB, ModelArch, Quantization, iter_layer_bytes, vocab_per_rank
 
 
 @dataclass(frozen=True)

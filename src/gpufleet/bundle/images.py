@@ -16,9 +16,9 @@ import tarfile
 import tempfile
 from pathlib import Path, PurePosixPath
 
-from gpufleet.bundle_debian import Apt, extract_from_deb
-from gpufleet.bundle_fetch import BuildContext, BuildError, copy_file, run
-from gpufleet.bundle_manifest import (
+from gpufleet.bundle.debian import Apt, extract_from_deb
+from gpufleet.bundle.fetch import BuildContext, BuildError, copy_file, run
+from gpufleet.bundle.manifest import (
     BusyboxImageSource,
     DockerArchiveSource,
     DockerDaemonSource,

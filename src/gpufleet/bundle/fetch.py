@@ -22,7 +22,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from gpufleet.bundle_lock import sha256_file
+from gpufleet.bundle.lock import sha256_file
 
 _CHUNK = 1 << 20
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from gpufleet.lab_host import HostSpec
-from gpufleet.lab_sys import LabError, state_root
+from gpufleet.lab.host import HostSpec
+from gpufleet.lab.system import LabError, state_root
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
 

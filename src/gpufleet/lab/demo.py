@@ -1,10 +1,10 @@
 """The air-gapped end-to-end deployment on three lab hosts: what ``make demo`` runs.
 
-``python -m gpufleet.demo [--name demo] [--bundle dist/lab-bundle] [--down]``:
+``python -m gpufleet.lab.demo [--name demo] [--bundle dist/lab-bundle] [--down]``:
 
 1. **The lab bundle** (``dist/lab-bundle``): ``offline_bundle/manifest.lab.yml`` (Docker 20.10 repackaged
    from bookworm's .debs, a busybox image, the tiny model as a git-lfs repository made offline) plus the CPU
-   serving image (vLLM's CPU build + Ray, :mod:`gpufleet.serving_image`). That image is built on this
+   serving image (vLLM's CPU build + Ray, :mod:`gpufleet.lab.serving_image`). That image is built on this
    machine, so its sha256 and image ID are known only here: they go into a derived manifest
    (``dist/lab-demo/manifest.yml``) from which :func:`gpufleet.bundle.build` writes the bundle and its lock.
    Every piece is cached: a second run re-checks and fetches nothing.
@@ -35,12 +35,12 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from gpufleet.lab import Lab, LabInventory
-from gpufleet.lab_net import outbound_drops
-from gpufleet.lab_sys import LabError
+from gpufleet.lab.core import Lab, LabInventory
+from gpufleet.lab.net import outbound_drops
+from gpufleet.lab.system import LabError
 from gpufleet.paths import project_root
 
-REPO = project_root() or Path(__file__).resolve().parents[2]
+REPO = project_root() or Path(__file__).resolve().parents[3]
 LAB_MANIFEST = REPO / "offline_bundle" / "manifest.lab.yml"
 DIST = REPO / "dist"
 DEMO_LAB = "demo"
@@ -60,8 +60,8 @@ def step(console: Console, title: str, timings: dict[str, float], key: str) -> I
 # ----- the lab bundle -----------------------------------------------------------------------------
 def model_remote(manifest: dict[str, Any], work: Path) -> None:
     """The tiny model, published where the lab manifest's model source points (deterministic: same commit)."""
-    from gpufleet.bundle_lfs import make_lfs_repo  # noqa: PLC0415  (tokenizers: only when building)
-    from gpufleet.tiny_model import write_tiny_model  # noqa: PLC0415
+    from gpufleet.bundle.lfs import make_lfs_repo  # noqa: PLC0415  (tokenizers: only when building)
+    from gpufleet.lab.tiny_model import write_tiny_model  # noqa: PLC0415
 
     model = manifest["model"]
     bare = (LAB_MANIFEST.parent / model["source"]["url"]).resolve()
@@ -72,13 +72,13 @@ def model_remote(manifest: dict[str, Any], work: Path) -> None:
     if commit != model["revision"]:
         raise RuntimeError(
             f"{LAB_MANIFEST}: model.revision: found {model['revision']}; the tiny model now publishes as "
-            f"{commit}. Fix: pin model.revision to {commit} (gpufleet.tiny_model changed)"
+            f"{commit}. Fix: pin model.revision to {commit} (gpufleet.lab.tiny_model changed)"
         )
 
 
 def write_manifest(work: Path, console: Console) -> Path:
     """The lab manifest plus the serving image built (or found cached) on this machine."""
-    from gpufleet.serving_image import DEFAULT_SPEC, ImageSpec, build  # noqa: PLC0415
+    from gpufleet.lab.serving_image import DEFAULT_SPEC, ImageSpec, build  # noqa: PLC0415
 
     manifest = yaml.safe_load(LAB_MANIFEST.read_text(encoding="utf-8"))
     model_remote(manifest, work)
@@ -94,7 +94,7 @@ def write_manifest(work: Path, console: Console) -> Path:
         (LAB_MANIFEST.parent / manifest["model"]["source"]["url"]).resolve()
     )
     path = work / "manifest.yml"
-    text = "# Derived by gpufleet.demo from offline_bundle/manifest.lab.yml + this machine's serving image.\n"
+    text = "# Derived by gpufleet.lab.demo from offline_bundle/manifest.lab.yml and this machine's image.\n"
     path.write_text(text + yaml.safe_dump(manifest, sort_keys=False), encoding="utf-8")
     return path
 
@@ -142,13 +142,13 @@ def route_to_bridge(lab: Lab, inventory: LabInventory) -> None:
 
 # ----- the plan and the endpoint ------------------------------------------------------------------
 def lab_plan(inventory: Path, bundle: Path) -> Any:
-    """The planner's prediction for a lab inventory (gpufleet.planner.Plan).
+    """The planner's prediction for a lab inventory (gpufleet.planner.core.Plan).
 
     The lab has no GPU, so ``gpufleet plan`` plans nothing there. vLLM's CPU build holds its KV cache in
     host memory, sized by ``vllm_service_kv_cache_memory_gib``: planned as one device with this machine's
     memory, the KV-cache memory, tokens and concurrency come out exact, and the weights as computed.
     """
-    from gpufleet.inventory import load_fleet  # noqa: PLC0415  (imports ansible)
+    from gpufleet.fleet import load_fleet  # noqa: PLC0415  (imports ansible)
     from gpufleet.planner import GpuDevice, PlanRequest, load_model_config, plan  # noqa: PLC0415
 
     fleet = load_fleet(inventory)
@@ -186,8 +186,8 @@ def api_key_file(inventory: Path) -> Path:
 # ----- the demo -----------------------------------------------------------------------------------
 def deploy_lab(inventory: Path, bundle: Path, console: Console) -> Any:
     """Every stage from the bundle, shown live; the report compared with the lab's plan (DeployReport)."""
-    from gpufleet.progress import LiveProgress, print_deploy_report  # noqa: PLC0415
     from gpufleet.runner import deploy  # noqa: PLC0415
+    from gpufleet.runner.progress import LiveProgress, print_deploy_report  # noqa: PLC0415
 
     with LiveProgress(Console(stderr=True)) as live:
         report = deploy(inventory, bundle=bundle, progress=live)
@@ -254,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     parser = parser or argparse.ArgumentParser(
-        prog="python -m gpufleet.demo", description=__doc__.splitlines()[0]
+        prog="python -m gpufleet.lab.demo", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--name", default=DEMO_LAB, help="lab name (default: %(default)s)")
     parser.add_argument(
@@ -274,9 +274,9 @@ def main(argv: list[str] | None = None) -> int:
 def main_with(args: argparse.Namespace) -> int:
     """Run the demo; a tool's error (lab, bundle, image, inventory) is one line on stderr and exit 1."""
     from gpufleet.bundle import BuildError, LockError, ManifestError  # noqa: PLC0415
+    from gpufleet.lab.serving_image import ImageBuildError  # noqa: PLC0415
     from gpufleet.problems import InventoryError  # noqa: PLC0415
     from gpufleet.runner import DeployError  # noqa: PLC0415
-    from gpufleet.serving_image import ImageBuildError  # noqa: PLC0415
 
     expected = (RuntimeError, OSError, LabError, BuildError, LockError, ManifestError, ImageBuildError)
     try:

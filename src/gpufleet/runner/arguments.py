@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpufleet.report import StageResult, StageStatus
-from gpufleet.runner_events import ProgressSink, StageRecorder
+from gpufleet.runner.events import ProgressSink, StageRecorder
+from gpufleet.runner.report import StageResult, StageStatus
 
 # Taken from the caller's environment when set: locale, identity, the SSH agent, proxies for online mode.
 PASSED_ENV = (
