@@ -25,21 +25,26 @@ import queue
 import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
+from typing import IO, TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:  # annotations only: nothing here runs, so older node Pythons never evaluate it
+    from collections.abc import Callable
+
+    Chunk = bytearray | memoryview
 
 CHUNK = 1 << 20
 IN_FLIGHT = 64 << 20  # bytes received but not yet written and forwarded, at most
 ACK = b"\x06"
 
 
-def address(text):
+def address(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
     return host, int(port)
 
 
-def connect(target, timeout):
+def connect(target: tuple[str, int], timeout: float) -> socket.socket:
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -50,7 +55,7 @@ def connect(target, timeout):
             time.sleep(0.2)
 
 
-def fail(code, message, abort=None):
+def fail(code: int, message: str, abort: socket.socket | None = None) -> NoReturn:
     print(json.dumps({"ok": False, "error": message}), flush=True)
     if abort:  # reset, not close: the next node must see a broken stream, not a short one that ended well
         abort.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -58,7 +63,7 @@ def fail(code, message, abort=None):
     os._exit(code)  # not sys.exit: worker threads may be blocked on a dead peer
 
 
-def listen_once(args):
+def listen_once(args: argparse.Namespace) -> socket.socket:
     try:
         server = socket.create_server(address(args.listen))
     except OSError as exc:
@@ -66,7 +71,7 @@ def listen_once(args):
     server.settimeout(args.accept_timeout)  # short: a sender that failed must not leave receivers waiting
     try:
         conn, _ = server.accept()
-    except socket.timeout:
+    except socket.timeout:  # noqa: UP041 - an alias of TimeoutError only from Python 3.10; nodes may run 3.8
         fail(4, f"no sender connected to {args.listen} within {args.accept_timeout} s")
     server.close()
     return conn
@@ -75,13 +80,14 @@ def listen_once(args):
 class Worker(threading.Thread):
     """Hands chunks from a bounded queue to one consumer (the disk or the next node), off the receive loop."""
 
-    def __init__(self, name, consume):
+    def __init__(self, name: str, consume: Callable[[Chunk], object]) -> None:
         super().__init__(name=name, daemon=True)
-        self.consume, self.error = consume, None
-        self.chunks = queue.Queue(IN_FLIGHT // CHUNK)
+        self.consume = consume
+        self.error: OSError | None = None
+        self.chunks: queue.Queue[Chunk | None] = queue.Queue(IN_FLIGHT // CHUNK)
         self.start()
 
-    def run(self):
+    def run(self) -> None:
         while (chunk := self.chunks.get()) is not None:
             if self.error is None:  # after an error keep draining, so that the receive loop never blocks
                 try:
@@ -89,13 +95,13 @@ class Worker(threading.Thread):
                 except OSError as exc:
                     self.error = exc
 
-    def finish(self):
+    def finish(self) -> OSError | None:
         self.chunks.put(None)
         self.join()
         return self.error
 
 
-def read_chunk(conn):
+def read_chunk(conn: socket.socket) -> Chunk:
     """Up to CHUNK bytes (fewer only at the end): the queues then bound the bytes in flight, not the calls."""
     chunk, size = bytearray(CHUNK), 0
     while size < CHUNK and (got := conn.recv_into(memoryview(chunk)[size:])):
@@ -103,15 +109,18 @@ def read_chunk(conn):
     return chunk if size == CHUNK else memoryview(chunk)[:size]
 
 
-def open_sink(args):
+def open_sink(args: argparse.Namespace) -> tuple[IO[bytes], subprocess.Popen[bytes] | None]:
     if args.untar:
         os.makedirs(args.untar, exist_ok=True)
         proc = subprocess.Popen(["tar", "-x", "-C", args.untar, "--no-same-owner"], stdin=subprocess.PIPE)
+        assert proc.stdin is not None  # stdin=PIPE: Popen always opens it
         return proc.stdin, proc
     return open(args.out + ".part", "wb"), None
 
 
-def close_sink(args, sink, proc, digest):
+def close_sink(
+    args: argparse.Namespace, sink: IO[bytes], proc: subprocess.Popen[bytes] | None, digest: str
+) -> str | None:
     """Finish the local copy: tar's exit status, or fsync + sha256 check + rename into place."""
     if proc:
         sink.close()
@@ -127,7 +136,7 @@ def close_sink(args, sink, proc, digest):
     return None
 
 
-def receive(args):
+def receive(args: argparse.Namespace) -> None:
     conn = listen_once(args)
     conn.settimeout(args.timeout)
     try:
@@ -153,8 +162,8 @@ def receive(args):
     if broken or any(errors):
         if not proc:
             os.unlink(args.out + ".part")  # the file object is left to the exit: closing may raise again
-        problem = broken or "; ".join(f"{w.name} failed: {e}" for w, e in zip(workers, errors) if e)
-        fail(4, problem, abort=downstream)
+        failure = broken or "; ".join(f"{w.name} failed: {w.error}" for w in workers if w.error)
+        fail(4, failure, abort=downstream)
     problem = close_sink(args, sink, proc, digest.hexdigest())
     if downstream:
         downstream.shutdown(socket.SHUT_WR)
@@ -170,10 +179,12 @@ def receive(args):
     conn.sendall(ACK)
     conn.close()
     seconds = time.monotonic() - began
-    print(json.dumps({"ok": True, "bytes": total, "seconds": round(seconds, 3), "sha256": digest.hexdigest()}))
+    print(
+        json.dumps({"ok": True, "bytes": total, "seconds": round(seconds, 3), "sha256": digest.hexdigest()})
+    )
 
 
-def send(args):
+def send(args: argparse.Namespace) -> None:
     try:
         sock = connect(address(args.to), args.timeout)
     except OSError as exc:
@@ -184,6 +195,7 @@ def send(args):
         if args.tar_dir:
             names = sorted(n for n in os.listdir(args.tar_dir) if n not in (".git", ".gpufleet-model.json"))
             proc = subprocess.Popen(["tar", "-c", "-C", args.tar_dir, "--", *names], stdout=subprocess.PIPE)
+            assert proc.stdout is not None  # stdout=PIPE: Popen always opens it
             while chunk := proc.stdout.read(CHUNK):
                 sock.sendall(chunk)
                 total += len(chunk)
@@ -202,13 +214,13 @@ def send(args):
     print(json.dumps({"ok": True, "bytes": total, "seconds": round(time.monotonic() - began, 3)}))
 
 
-def probe(args):
+def probe(args: argparse.Namespace) -> None:
     listen_once(args).close()
     print(json.dumps({"ok": True}))
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     sub = parser.add_subparsers(dest="mode", required=True)
     recv = sub.add_parser("recv")
     recv.add_argument("--listen", required=True)

@@ -12,8 +12,16 @@ import hashlib
 import json
 import os
 import subprocess
+from typing import TYPE_CHECKING, Any
 
 from ansible.module_utils.basic import AnsibleModule
+
+if TYPE_CHECKING:  # annotations only: never evaluated on the node, whatever its Python
+    from collections.abc import Mapping
+
+    # One expected or recorded file: {"sha256", "size"}, or {"git_blob", "size"} for a file git stores
+    # itself. Plain dicts: they come from the module's parameters and go back as JSON.
+    FileEntry = dict[str, Any]
 
 DOCUMENTATION = r"""
 module: gpufleet_model_check
@@ -23,7 +31,8 @@ options:
   repo: {type: str, required: true, description: ModelScope repository id.}
   revision: {type: str, default: "", description: Expected commit; empty accepts the marker's.}
   files: {type: dict, default: {}, description: "Expected files: relative path -> {sha256, size}."}
-  from_git: {type: bool, default: false, description: Take the expected files from the git-lfs checkout at HEAD.}
+  from_git:
+    {type: bool, default: false, description: Take the expected files from the git-lfs checkout at HEAD.}
   verify: {type: str, default: sha256, choices: [sha256, size], description: How deeply to check files.}
   state: {type: str, default: check, choices: [check, record, invalidate], description: "check: report only;
     record: check and write the marker when all is well; invalidate: remove the marker."}
@@ -34,7 +43,7 @@ MARKER = ".gpufleet-model.json"
 CHUNK = 1 << 20
 
 
-def sha256(path):
+def sha256(path: str) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as src:
         while chunk := src.read(CHUNK):
@@ -42,14 +51,14 @@ def sha256(path):
     return digest.hexdigest()
 
 
-def git(path, *args):
+def git(path: str, *args: str) -> str:
     return subprocess.run(["git", "-C", path, *args], capture_output=True, text=True, check=True).stdout
 
 
-def files_from_git(path):
+def files_from_git(path: str) -> dict[str, FileEntry]:
     """Expected files of a git-lfs checkout: LFS files by their pointer, others by the blob in HEAD."""
-    expected = {}
-    lfs = {}
+    expected: dict[str, FileEntry] = {}
+    lfs: dict[str, str] = {}
     for line in git(path, "lfs", "ls-files", "--long").splitlines():
         oid, _marker, name = line.split(" ", 2)
         lfs[name] = oid
@@ -65,7 +74,7 @@ def files_from_git(path):
     return expected
 
 
-def check_file(path, name, want, verify):
+def check_file(path: str, name: str, want: Mapping[str, Any], verify: str) -> tuple[str | None, str | None]:
     full = os.path.join(path, name)
     if not os.path.isfile(full):
         return f"{name}: missing", None
@@ -78,18 +87,21 @@ def check_file(path, name, want, verify):
     if "git_blob" in want:
         blob = git(path, "hash-object", "--no-filters", full).strip()
         return (None if blob == want["git_blob"] else f"{name}: content differs from git"), digest
-    return (None if digest == want["sha256"] else f"{name}: sha256 {digest[:12]}..., expected {want['sha256'][:12]}..."), digest
+    if digest != want["sha256"]:
+        return f"{name}: sha256 {digest[:12]}..., expected {want['sha256'][:12]}...", digest
+    return None, digest
 
 
-def read_marker(path):
+def read_marker(path: str) -> dict[str, Any] | None:
     try:
         with open(os.path.join(path, MARKER)) as src:
-            return json.load(src)
+            marker: dict[str, Any] = json.load(src)
+            return marker
     except (OSError, ValueError):
         return None
 
 
-def dedupe(path, files):
+def dedupe(path: str, files: Mapping[str, FileEntry]) -> int:
     """One copy of each weight on disk: the LFS object becomes a hard link of the checked-out file."""
     linked = 0
     for name, entry in files.items():
@@ -103,12 +115,12 @@ def dedupe(path, files):
             linked += 1
     for leftover in ("incomplete", "tmp"):
         base = os.path.join(path, ".git", "lfs", leftover)
-        for entry in os.listdir(base) if os.path.isdir(base) else []:
-            os.unlink(os.path.join(base, entry))
+        for stale in os.listdir(base) if os.path.isdir(base) else []:
+            os.unlink(os.path.join(base, stale))
     return linked
 
 
-def expected_files(module, path):
+def expected_files(module: AnsibleModule, path: str) -> tuple[dict[str, FileEntry], str]:
     params = module.params
     if params["from_git"]:
         try:
@@ -121,7 +133,7 @@ def expected_files(module, path):
     return marker.get("files", {}), marker.get("revision", "")
 
 
-def run(module):
+def run(module: AnsibleModule) -> dict[str, Any]:
     params = module.params
     path, marker_path = params["path"], os.path.join(params["path"], MARKER)
     if params["state"] == "invalidate":
@@ -131,21 +143,28 @@ def run(module):
         return {"changed": present, "ok": False}
     marker = read_marker(path)
     files, revision = expected_files(module, path)
-    problems = []
+    problems: list[str] = []
     if params["revision"] and revision != params["revision"]:
         problems.append(f"revision {revision or 'unknown'}, expected {params['revision']}")
     if not files:
         problems.append("no file list (no marker and nothing expected)")
-    recorded = {}
+    recorded: dict[str, FileEntry] = {}
     for name, want in sorted(files.items()):
         problem, digest = check_file(path, name, want, params["verify"])
         if problem:
             problems.append(problem)
         recorded[name] = {"sha256": digest or want.get("sha256"), "size": want["size"]}
     wanted = {"repo": params["repo"], "revision": revision, "files": recorded}
-    result = {"changed": False, "ok": not problems, "problems": problems, "revision": revision, "files": recorded}
+    result: dict[str, Any] = {
+        "changed": False,
+        "ok": not problems,
+        "problems": problems,
+        "revision": revision,
+        "files": recorded,
+    }
     if not problems and marker is not None and marker.get("repo") != params["repo"]:
-        result.update(ok=False, problems=[f"marker names repo {marker.get('repo')}, expected {params['repo']}"])
+        wrong_repo = f"marker names repo {marker.get('repo')}, expected {params['repo']}"
+        result.update(ok=False, problems=[wrong_repo])
     if params["state"] == "record" and result["ok"] and marker != wanted:
         result["changed"] = True
         if not module.check_mode:
@@ -158,7 +177,7 @@ def run(module):
     return result
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "path": {"type": "path", "required": True},
