@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from gpufleet.commands.output import emit, refuse
 from gpufleet.lab import DEFAULT_LAB, Lab, LabError, LabInventory
 from gpufleet.lab.rootfs import DEFAULT_SUITE, SUITES
 
@@ -42,6 +43,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     up.set_defaults(func=_guarded(_up))
 
     down = _add_name(commands.add_parser("down", help="tear the lab down, leaving nothing behind"))
+    down.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     down.set_defaults(func=_guarded(_down))
 
     reset = _add_name(commands.add_parser("reset", help="replace every host by a fresh one (same addresses)"))
@@ -82,8 +84,10 @@ def _guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
         except LabError as exc:
-            print(f"gpufleet lab {args.lab_command}: {exc}", file=sys.stderr)
-            return 1
+            return refuse(
+                str(exc).splitlines(), code=1, as_json=getattr(args, "json", False),
+                prefix=f"gpufleet lab {args.lab_command}: ",
+            )  # fmt: skip
 
     return guarded
 
@@ -109,7 +113,11 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
-    print(f"lab {args.name}: {'down' if Lab(args.name).down() else 'was not running; nothing to do'}")
+    was_up = Lab(args.name).down()
+    if args.json:
+        emit({"ok": True, "name": args.name, "was_up": was_up})
+    else:
+        print(f"lab {args.name}: {'down' if was_up else 'was not running; nothing to do'}")
     return 0
 
 

@@ -7,13 +7,13 @@ error (a missing file, a bad flag value), always with one line on stderr and nev
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from gpufleet.commands.output import refuse
 from gpufleet.planner import GpuDevice, PlannerInputError, PlanRequest, load_model_config, plan
 
 # Flags that describe the model and its serving settings; -i takes all of them from the inventory.
@@ -84,16 +84,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         request = _inventory_request(args) if args.inventory else _model_request(args)
     except UsageError as error:
-        print(f"gpufleet plan: {error}", file=sys.stderr)
-        return 2
+        return refuse([str(error)], code=2, as_json=args.json, prefix="gpufleet plan: ")
     except UnplannableInventoryError as error:
-        print(error, file=sys.stderr)
-        return 1
+        return refuse(str(error).splitlines(), code=1, as_json=args.json)
     try:
         result = plan(request)
     except PlannerInputError as error:
-        print(f"gpufleet plan: {error}", file=sys.stderr)
-        return 1 if args.inventory else 2
+        code = 1 if args.inventory else 2
+        return refuse([str(error)], code=code, as_json=args.json, prefix="gpufleet plan: ")
     from gpufleet.planner import report as plan_report  # noqa: PLC0415  (rich loads only when something is shown)
 
     if args.json:

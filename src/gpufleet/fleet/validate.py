@@ -38,13 +38,34 @@ class Validation:
     warnings: list[str] = field(default_factory=list)
 
 
+class RoleSpecsMissingError(Exception):
+    """The roles' argument specs cannot be read: typos in role variables would go unnoticed."""
+
+    def __init__(self, problem: Problem) -> None:
+        self.problem = problem
+        super().__init__(str(problem))
+
+
 def role_variables(root: Path | None = None) -> dict[str, str]:
-    """Every role input declared in roles/*/meta/argument_specs.yml, mapped to its role."""
+    """Every role input declared in roles/*/meta/argument_specs.yml, mapped to its role.
+
+    Raises RoleSpecsMissingError when there are none to read: validation must never pass silently because
+    it could not see what the roles accept.
+    """
     root = root or project_root()
+    spec_files = sorted(root.glob("roles/*/meta/argument_specs.yml")) if root else []
+    if not spec_files:
+        raise RoleSpecsMissingError(
+            Problem(
+                str(root / "roles") if root else "gpufleet (no checkout, no installed collection)",
+                "roles/*/meta/argument_specs.yml",
+                "none",
+                "one per role, to check every role variable",
+                "reinstall gpufleet (its wheel carries the roles), or set GPUFLEET_HOME to a checkout",
+            )
+        )
     found: dict[str, str] = {}
-    if root is None:
-        return found
-    for spec_file in sorted(root.glob("roles/*/meta/argument_specs.yml")):
+    for spec_file in spec_files:
         role = spec_file.parent.parent.name
         specs = yaml.safe_load(spec_file.read_text(encoding="utf-8")) or {}
         for entry in (specs.get("argument_specs") or {}).values():
@@ -61,7 +82,11 @@ def validate_inventory(path: Path) -> Validation:
         return Validation(problems=list(error.problems))
     result = Validation(problems=list(raw.problems))
     nodes = _gpu_nodes(raw, result)
-    roles = role_variables()
+    try:
+        roles = role_variables()
+    except RoleSpecsMissingError as error:
+        result.problems.append(error.problem)
+        return result
     for host in nodes:
         result.problems += _unknown_variables(host, roles)
     result.problems += _fleet_wide_differences(nodes, roles)
