@@ -29,6 +29,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests plugins roles molecule benchmarks images
 	$(BIN)/ruff format --check src tests plugins roles molecule benchmarks images
 	$(BIN)/mypy
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/antsibull-changelog lint
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ansible-lint --profile production --strict
 
 unit: $(STAMP)
