@@ -40,9 +40,18 @@ def lab_name(purpose: str = "") -> str:
 
 
 def skip_unless_lab_possible() -> None:
+    """Skip where the lab cannot run (not root, packages missing); fail instead where CI is set.
+
+    In CI (``CI`` set, as CI systems do, or ``GPUFLEET_REQUIRE_LAB=1``) a skipped lab test would let the
+    suite pass without the lab tests having run.
+    """
     problems = missing_prerequisites()
-    if problems:
-        pytest.skip("the lab cannot run here: " + " ".join(problems))
+    if not problems:
+        return
+    reason = "the lab cannot run here: " + " ".join(problems)
+    if os.environ.get("CI") or os.environ.get("GPUFLEET_REQUIRE_LAB"):
+        pytest.fail(f"{reason} (CI or GPUFLEET_REQUIRE_LAB is set: lab tests must run)", pytrace=False)
+    pytest.skip(reason)
 
 
 def remove_orphaned_labs() -> None:

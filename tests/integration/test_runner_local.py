@@ -350,8 +350,6 @@ def test_gpufleet_status_prints_one_json_object(project: Path, inventory: Path) 
         check=False,
     )
 
-    if "invalid choice: 'status'" in done.stderr:
-        pytest.skip("gpufleet.cli does not list the status command yet (COMMAND_MODULES)")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert (report["ok"], report["ray_nodes_alive"], report["endpoint"]) == (

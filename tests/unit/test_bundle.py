@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import socket
 import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -250,8 +252,18 @@ def test_lock_is_sorted_and_has_no_timestamps(built: Path) -> None:
     assert "date" not in text.lower() and "time" not in text.lower()
 
 
-def test_threads_do_not_leak(http_root: tuple[LfsServer, Path]) -> None:
-    assert any(thread.name == "lfs-server" for thread in threading.enumerate())
+def test_a_stopped_server_leaves_no_thread_and_no_listening_socket(tmp_path: Path) -> None:
+    (tmp_path / "hello.txt").write_text("hello\n")
+    before = set(threading.enumerate())
+    with LfsServer(tmp_path) as server:
+        (thread,) = [thread for thread in threading.enumerate() if thread not in before]
+        with urllib.request.urlopen(f"{server.url}/hello.txt", timeout=10) as response:
+            assert response.read() == b"hello\n"
+        host, port = server.server_address[:2]
+    thread.join(timeout=10)
+    assert thread.name == "lfs-server" and not thread.is_alive()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((str(host), int(port)), timeout=5).close()
 
 
 def test_docker_binaries_are_executables_not_same_named_config_files(tmp_path: Path) -> None:

