@@ -10,11 +10,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 COLLECTION = "gpufleet/_data/ansible_collections/gpufleet/gpufleet/"
@@ -95,3 +97,43 @@ def test_the_installed_wheel_finds_its_playbooks_and_manifest(installed: Path, t
     assert (root / "offline_bundle" / "manifest.yml").is_file()
     help_text = run_installed(installed, "bundle", "build", "--help", cwd=tmp_path)
     assert help_text.returncode == 0 and "--manifest" in help_text.stdout
+
+
+def wheels_manifest(tmp_path: Path) -> Path:
+    """The production manifest's `wheels` entry alone (the rest needs the internet beyond PyPI)."""
+    manifest = yaml.safe_load((REPO / "offline_bundle" / "manifest.yml").read_text())
+    path = tmp_path / "manifest.yml"
+    kept = {key: manifest[key] for key in ("schema_version", "name", "wheels")}
+    path.write_text(yaml.safe_dump(kept))
+    return path
+
+
+def test_the_bundle_wheelhouse_installs_gpufleet_with_no_index(tmp_path: Path) -> None:
+    """`gpufleet bundle build` puts gpufleet and every dependency, pinned in the lock, into wheels/."""
+    from gpufleet.bundle import build, read_lock
+
+    bundle = tmp_path / "bundle"
+    result = build(wheels_manifest(tmp_path), bundle)
+    lock = read_lock(bundle)
+    wheels = [entry for entry in lock.files if entry.path.startswith("wheels/")]
+    assert [entry.path for entry in wheels] == [entry.path for entry in result.lock.files]
+    names = {Path(entry.path).name.split("-")[0].lower() for entry in wheels}
+    assert {"gpufleet", "ansible_core", "pydantic_core", "pydantic"} <= names
+    for python in ("cp311", "cp312"):  # a binary dependency for each Python the control node may have
+        assert any(f"-{python}-" in entry.path and "pydantic_core" in entry.path for entry in wheels), python
+    assert all(len(entry.sha256) == 64 and entry.version for entry in wheels)
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    started = time.monotonic()
+    offline = subprocess.run(
+        [str(venv / "bin/pip"), "install", "--no-index", "--find-links", str(bundle / "wheels"), "gpufleet"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert offline.returncode == 0, offline.stderr[-2000:]
+    seconds = time.monotonic() - started
+    version = subprocess.run(
+        [str(venv / "bin/gpufleet"), "--version"], capture_output=True, text=True, check=True, cwd=tmp_path
+    )
+    assert version.stdout.startswith("gpufleet "), version.stdout
+    print(f"offline install of gpufleet from the bundle's wheels: {seconds:.1f} s")

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import re
 import shutil
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
 
+from gpufleet._version import __version__
 from gpufleet.bundle.debian import describe, fetch_debian_docker, fetch_debian_repo
 from gpufleet.bundle.fetch import BuildContext, BuildError, copy_file, download, run
 from gpufleet.bundle.images import image_id, save_image
@@ -46,6 +48,7 @@ from gpufleet.bundle.manifest import (
     load_manifest,
 )
 from gpufleet.bundle.model import fetch_model, head_commit
+from gpufleet.paths import project_root
 
 __all__ = ["BuildError", "BuildResult", "LockError", "ManifestError", "build", "load_manifest", "verify"]
 
@@ -187,27 +190,34 @@ def _wheel_units(manifest: Manifest) -> Iterator[Unit]:
 def _pip_unit(pip: PipSource) -> Unit:
     def make(ctx: BuildContext, dest: Path) -> None:
         dest.mkdir(parents=True, exist_ok=True)
-        run(
-            [
-                "python3",
-                "-m",
-                "pip",
-                "download",
-                "--quiet",
-                "--no-deps",
-                "--only-binary=:all:",
-                "--python-version",
-                pip.python_version,
-                "--platform",
-                pip.platform,
-                "--dest",
-                str(dest),
-                *pip.requirements,
-            ],
-            what="wheels",
-        )
+        for version in pip.python_versions:
+            run(
+                [
+                    sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+                    "--python-version", version, "--implementation", "cp",
+                    *(flag for platform in pip.platforms for flag in ("--platform", platform)),
+                    "--dest", str(dest), *pip.requirements,
+                ],
+                what=f"wheels for Python {version}",
+            )  # fmt: skip
+        if pip.include_gpufleet:
+            _gpufleet_wheel(dest)
 
-    return Unit("wheels", "wheels", "", "pypi: " + " ".join(sorted(pip.requirements)), make)
+    pythons = ",".join(pip.python_versions)
+    self_wheel = " + gpufleet" if pip.include_gpufleet else ""
+    source = f"pypi (cp{pythons} x86_64){self_wheel}: " + " ".join(sorted(pip.requirements))
+    return Unit("wheels", "wheels", "", source, make)
+
+
+def _gpufleet_wheel(dest: Path) -> None:
+    """gpufleet's own wheel, built from the checkout this package runs from, else fetched by version."""
+    root = project_root()
+    if root is not None and (root / "pyproject.toml").is_file():
+        command = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(dest), str(root)]
+    else:
+        command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", str(dest)]
+        command.append(f"gpufleet=={__version__}")
+    run(command, what="gpufleet's wheel")
 
 
 def units(manifest: Manifest) -> list[Unit]:

@@ -120,14 +120,27 @@ class GitLfsSource(_Model):
 
 
 class PipSource(_Model):
-    """Wheels fetched with ``pip download`` (binary only, no dependency resolution: list every wheel)."""
+    """A control node's wheelhouse: gpufleet's own wheel plus the pinned wheels of its dependencies.
+
+    ``pip download`` (binary only, no dependency resolution: every dependency is listed, pinned) once per
+    Python version, so that ``pip install --no-index --find-links BUNDLE/wheels gpufleet`` works on a
+    control node with any of them. pip matches each platform tag exactly, so several are listed.
+    """
 
     kind: Literal["pip"]
     requirements: list[
         Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]+(\[[a-z0-9,_-]+\])?==\S+$")]
     ]
-    python_version: str = "3.11"
-    platform: str = "manylinux2014_x86_64"
+    python_versions: list[Annotated[str, StringConstraints(pattern=r"^3\.\d+$")]] = Field(
+        default_factory=lambda: ["3.11", "3.12"], min_length=1
+    )
+    platforms: list[str] = Field(
+        default_factory=lambda: (
+            [f"manylinux_2_{n}_x86_64" for n in (17, 27, 28, 31, 34)] + ["manylinux2014_x86_64"]
+        ),
+        min_length=1,
+    )
+    include_gpufleet: bool = True  # gpufleet's own wheel: built from the checkout, else from the index
 
 
 FileSources = Annotated[HttpSource | FileSource, Field(discriminator="kind")]
