@@ -6,6 +6,7 @@ already in the previous lock with the same version and source, and still match i
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import sys
@@ -18,7 +19,7 @@ from rich.console import Console
 from gpufleet._version import __version__
 from gpufleet.bundle.debian import describe, fetch_debian_docker, fetch_debian_repo
 from gpufleet.bundle.fetch import BuildContext, BuildError, copy_file, download, run
-from gpufleet.bundle.images import image_id, save_image
+from gpufleet.bundle.images import image_contents, image_id, save_image
 from gpufleet.bundle.lock import (
     Lock,
     LockedFile,
@@ -269,17 +270,25 @@ def _build_unit(ctx: BuildContext, unit: Unit, old: Lock | None, result: BuildRe
     return _entries_for(ctx.out, unit)
 
 
-def _resolved(manifest: Manifest, out: Path) -> tuple[list[LockedImage], list[LockedModel]]:
-    images = [
-        LockedImage(
-            name=image.name,
-            tag=image.tag,
-            id=image_id_of(out, image),
-            path=image.bundle_path(),
-            compression=image.compression,
+def _resolved(
+    manifest: Manifest, out: Path, old: Lock | None = None
+) -> tuple[list[LockedImage], list[LockedModel]]:
+    previous = {(image.name, image.tag, image.id): image for image in (old.images if old else [])}
+    images = []
+    for image in manifest.images:
+        found = image_id_of(out, image)
+        known = previous.get((image.name, image.tag, found))
+        contents = known.model_dump(include=set(CONTENTS)) if known else _contents_of(out, image)
+        images.append(
+            LockedImage(
+                name=image.name,
+                tag=image.tag,
+                id=found,
+                path=image.bundle_path(),
+                compression=image.compression,
+                **contents,
+            )
         )
-        for image in manifest.images
-    ]
     models = [
         LockedModel(repo=m.repo, revision=head_commit(out / m.bundle_path()), path=m.bundle_path(), url=m.url)
         for m in ([manifest.model] if manifest.model else [])
@@ -287,16 +296,33 @@ def _resolved(manifest: Manifest, out: Path) -> tuple[list[LockedImage], list[Lo
     return images, models
 
 
+CONTENTS = ("cuda", "vllm", "ray", "torch", "python")
+
+
+def _contents_of(out: Path, image: ImageArtifact) -> dict[str, str | None]:
+    """The image's CUDA requirement and Python packages (a zstd file is read through ``zstd -dc``)."""
+    with _plain(out, image) as path:
+        return image_contents(path)
+
+
 def image_id_of(out: Path, image: ImageArtifact) -> str:
     """The image ID of a built image file (zstd files are read through ``zstd -dc``)."""
+    with _plain(out, image) as path:
+        return image_id(path)
+
+
+@contextlib.contextmanager
+def _plain(out: Path, image: ImageArtifact) -> Iterator[Path]:
+    """The image file as tar reads it: as built, or decompressed to a scratch file for zstd."""
     path = out / image.bundle_path()
     if image.compression != "zstd":
-        return image_id(path)
+        yield path
+        return
     plain = out / ".work" / "id-probe.tar"
     plain.parent.mkdir(parents=True, exist_ok=True)
     run(["zstd", "-q", "-d", "-f", str(path), "-o", str(plain)], what=image.reference)
     try:
-        return image_id(plain)
+        yield plain
     finally:
         plain.unlink()
 
@@ -329,7 +355,7 @@ def build(
             result.skipped.append(unit.name)
             continue
         files += _build_unit(ctx, unit, old, result)
-    images, models = _resolved(manifest, out)
+    images, models = _resolved(manifest, out, old)
     result.lock = Lock(manifest=manifest.name, files=files, images=images, models=models)
     write_lock(out, result.lock)
     shutil.rmtree(ctx.work, ignore_errors=True)

@@ -11,10 +11,12 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import tarfile
 import tempfile
 from pathlib import Path, PurePosixPath
+from typing import IO
 
 from gpufleet.bundle.debian import Apt, extract_from_deb
 from gpufleet.bundle.fetch import BuildContext, BuildError, copy_file, run
@@ -25,6 +27,7 @@ from gpufleet.bundle.manifest import (
     ImageArtifact,
     SkopeoSource,
 )
+from gpufleet.compat import cuda_from_requirement
 
 _FIXED_MTIME = 946684800
 BUSYBOX_APPLETS = ("sh", "ls", "cat", "echo", "sleep", "true", "false", "env", "wget", "httpd", "sha256sum")
@@ -51,6 +54,49 @@ def image_id(archive: Path) -> str:
         raise BuildError(
             f"{archive}: not a docker-archive tarball ({exc}). Fix: give a file written by `docker save`."
         ) from None
+
+
+DIST_INFO = re.compile(r"site-packages/(vllm|ray|torch)-([0-9][^/-]*)\.dist-info/METADATA$")
+PYTHON_LIB = re.compile(r"(?:^|/)lib/python(3\.\d+)/(?:site|dist)-packages/")
+
+
+def image_contents(archive: Path) -> dict[str, str | None]:
+    """What an image needs and holds, from its own config and layers (read once, at bundle build).
+
+    ``cuda``: its ``NVIDIA_REQUIRE_CUDA`` (what the NVIDIA runtime enforces) or ``CUDA_VERSION``;
+    ``vllm``, ``ray``, ``torch``: the versions of their dist-info in site-packages (None = absent);
+    ``python``: the site-packages' Python.
+    """
+    found: dict[str, str | None] = {"cuda": None, "vllm": None, "ray": None, "torch": None, "python": None}
+    try:
+        with _open_tar(archive) as tar:
+            manifest = json.load(_extract(tar, "manifest.json"))
+            config = json.load(_extract(tar, manifest[0]["Config"])).get("config") or {}
+            env = dict(item.split("=", 1) for item in config.get("Env") or [] if "=" in item)
+            labels = config.get("Labels") or {}
+            requirement = labels.get("NVIDIA_REQUIRE_CUDA") or env.get("NVIDIA_REQUIRE_CUDA") or ""
+            found["cuda"] = cuda_from_requirement(requirement) or cuda_from_requirement(
+                env.get("CUDA_VERSION", "")
+            )
+            for layer in manifest[0]["Layers"]:
+                with tarfile.open(fileobj=_extract(tar, layer), mode="r|*") as inner:
+                    for member in inner:
+                        if match := DIST_INFO.search(member.name):
+                            found[match[1]] = match[2]
+                            if python := PYTHON_LIB.search(member.name):
+                                found["python"] = python[1]
+    except (tarfile.TarError, KeyError, IndexError, ValueError, OSError) as exc:
+        raise BuildError(
+            f"{archive}: cannot read the image's config and layers ({exc}). Fix: give a `docker save` file."
+        ) from None
+    return found
+
+
+def _extract(tar: tarfile.TarFile, name: str) -> IO[bytes]:
+    member = tar.extractfile(name)
+    if member is None:
+        raise KeyError(name)
+    return member
 
 
 def _member(name: str, data: bytes, mode: int = 0o644) -> tuple[tarfile.TarInfo, io.BytesIO]:

@@ -41,6 +41,12 @@ class LockedImage(_Model):
     id: Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
     path: str
     compression: Literal["none", "gzip", "zstd"]
+    # Read from the image itself at build time (gpufleet.compat checks them against drivers and GPUs).
+    cuda: str | None = None  # the CUDA it needs: NVIDIA_REQUIRE_CUDA, else CUDA_VERSION
+    vllm: str | None = None
+    ray: str | None = None  # None: the image holds no Ray (vLLM's mp executor then)
+    torch: str | None = None
+    python: str | None = None
 
 
 class LockedModel(_Model):
