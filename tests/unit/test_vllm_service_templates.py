@@ -1,0 +1,122 @@
+"""The vllm_service role's files, rendered by Ansible's own templating from the role's defaults and vars.
+
+The API key must reach `vllm serve` (vLLM reads VLLM_API_KEY; requests without the key then get 401) through
+a root-only environment file, and nowhere else: not in the world-readable --config file, not on a command
+line (`ps`), not in the unit. The lab tests (test_e2e.py, molecule/vllm_service) see the 401 after minutes
+of deployment; this sees a dropped key in a second.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar, trust_as_template
+
+from .conftest import REPO
+
+ROLE = REPO / "roles" / "vllm_service"
+KEY = "Zk3" * 21 + "q"  # 64 characters, as tasks/api_key.yml generates
+ENV_FILE = "/etc/gpufleet/vllm.env"  # where the key lives on the node (vars/main.yml, written 0600)
+
+
+def trusted(value: Any) -> Any:
+    """Role files are trusted templates (as Ansible treats them when it loads a role)."""
+    if isinstance(value, str):
+        return trust_as_template(value)
+    if isinstance(value, dict):
+        return {key: trusted(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [trusted(item) for item in value]
+    return value
+
+
+class Role:
+    """The role's templates and variables as the head node of a two-node fleet sees them."""
+
+    def __init__(self) -> None:
+        self.loader = DataLoader()
+        self.variables: dict[str, Any] = {}
+        for path in (ROLE / "defaults" / "main.yml", ROLE / "vars" / "main.yml"):
+            self.variables |= trusted(self.loader.load_from_file(str(path)))
+        self.variables |= {
+            "inventory_hostname": "node1",
+            "groups": {"ray_head": ["node1"], "ray_workers": ["node2"]},
+            "hostvars": {
+                "node1": {"gpufleet_node_ip": "10.0.0.1"},
+                "node2": {"gpufleet_node_ip": "10.0.0.2"},
+            },
+            "gpufleet_node_ip": "10.0.0.1",
+            "gpufleet_model_dir": "/opt/models/tiny",
+            "ansible_managed": "Ansible managed",
+            "__vllm_service_api_key": KEY,
+        }
+
+    def render(self, template: str, **variables: Any) -> str:
+        text = (ROLE / "templates" / template).read_text(encoding="utf-8")
+        return self.value(text, **variables)
+
+    def value(self, expression: str, **variables: Any) -> str:
+        templar = Templar(loader=self.loader, variables=self.variables | variables)
+        rendered: str = templar.template(trust_as_template(expression))
+        return rendered
+
+
+@pytest.fixture
+def role() -> Role:
+    return Role()
+
+
+def start_command(script: str) -> str:
+    """The `start)` branch's command that runs `vllm serve`, its continuation lines joined."""
+    start = script[script.index("  start)") : script.index(";;")]
+    command = start[start.index('exec "$DOCKER" exec') :]
+    assert "vllm serve" in command, start
+    return command
+
+
+def test_the_env_file_gives_vllm_the_key(role: Role) -> None:
+    lines = role.render("vllm.env.j2").splitlines()
+
+    assert [line for line in lines if line.startswith("VLLM_API_KEY")] == [f"VLLM_API_KEY={KEY}"]
+
+
+def test_extra_environment_does_not_replace_the_key(role: Role) -> None:
+    lines = role.render("vllm.env.j2", vllm_service_env={"VLLM_CPU_KVCACHE_SPACE": "4"}).splitlines()
+
+    assert f"VLLM_API_KEY={KEY}" in lines
+    assert "VLLM_CPU_KVCACHE_SPACE=4" in lines
+
+
+def test_vllm_serve_starts_with_the_env_file(role: Role) -> None:
+    command = start_command(role.render("gpufleet-vllm.sh.j2"))
+
+    assert f"--env-file {ENV_FILE} " in command
+    assert command.index("--env-file") < command.index("vllm serve")
+
+
+def test_the_role_writes_the_env_file_root_only_and_never_logs_it() -> None:
+    tasks = yaml.safe_load((ROLE / "tasks" / "configure.yml").read_text(encoding="utf-8"))
+    (task,) = [task for task in tasks if task.get("ansible.builtin.template", {}).get("src") == "vllm.env.j2"]
+    template = task["ansible.builtin.template"]
+
+    assert (template["dest"], template["owner"], template["mode"]) == (
+        "{{ __vllm_service_env_file }}",
+        "root",
+        "0600",
+    )
+    assert (task["no_log"], task["diff"]) == (True, False)
+
+
+def test_the_env_file_the_role_writes_is_the_one_the_script_reads(role: Role) -> None:
+    assert role.value("{{ __vllm_service_env_file }}") == ENV_FILE
+
+
+@pytest.mark.parametrize("template", ["vllm.yaml.j2", "gpufleet-vllm.sh.j2", "vllm.service.j2"])
+def test_the_key_is_nowhere_else(role: Role, template: str) -> None:
+    text = role.render(template, vllm_service_extra_args=["--uvicorn-log-level", "warning"])
+
+    assert KEY not in text
+    assert "api-key" not in text.replace("The API key", "")
