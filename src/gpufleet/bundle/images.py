@@ -56,7 +56,7 @@ def image_id(archive: Path) -> str:
         ) from None
 
 
-DIST_INFO = re.compile(r"site-packages/(vllm|ray|torch)-([0-9][^/-]*)\.dist-info/METADATA$")
+DIST_INFO = re.compile(r"(?:site|dist)-packages/(vllm|ray|torch)-([0-9][^/-]*)\.dist-info/METADATA$")
 PYTHON_LIB = re.compile(r"(?:^|/)lib/python(3\.\d+)/(?:site|dist)-packages/")
 
 
@@ -133,7 +133,15 @@ def _busybox_layer(busybox: bytes) -> bytes:
     return buf.getvalue()
 
 
-def write_docker_archive(dest: Path, reference: str, layers: list[bytes], cmd: list[str]) -> str:
+def write_docker_archive(
+    dest: Path,
+    reference: str,
+    layers: list[bytes],
+    cmd: list[str],
+    *,
+    env: tuple[str, ...] = ("PATH=/bin",),
+    labels: dict[str, str] | None = None,
+) -> str:
     """Write a ``docker save``-format tarball (uncompressed layers); returns its image ID."""
     diff_ids = ["sha256:" + hashlib.sha256(layer).hexdigest() for layer in layers]
     config = json.dumps(
@@ -141,7 +149,7 @@ def write_docker_archive(dest: Path, reference: str, layers: list[bytes], cmd: l
             "architecture": "amd64",
             "os": "linux",
             "created": "2000-01-01T00:00:00Z",
-            "config": {"Cmd": cmd, "Env": ["PATH=/bin"]},
+            "config": {"Cmd": cmd, "Env": list(env)} | ({"Labels": labels} if labels else {}),
             "rootfs": {"type": "layers", "diff_ids": diff_ids},
             "history": [{"created": "2000-01-01T00:00:00Z", "created_by": "gpufleet bundle"} for _ in layers],
         },
