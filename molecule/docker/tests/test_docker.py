@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+
+from gpufleet.bundle import read_lock
 
 BINARIES = (
     "containerd",
@@ -27,9 +28,8 @@ IMAGE = "gpufleet-test/busybox:1"
 
 def expected_version() -> str:
     """The version converge installed: the first Docker tarball of the test bundle that prepare wrote."""
-    lock = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "bundle" / "bundle.lock.yml"
-    files = yaml.safe_load(lock.read_text())["files"]
-    return str(next(entry["version"] for entry in files if entry["path"].startswith("docker/")))
+    lock = read_lock(Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "bundle")
+    return next(entry.version for entry in lock.files if entry.path.startswith("docker/"))
 
 
 def docker_info(host: Any) -> dict[str, Any]:

@@ -44,7 +44,7 @@ def test_wrong_nic_is_refused_with_the_interfaces_found() -> None:
 
 def test_wrong_node_ip_is_refused() -> None:
     result = converge_with(
-        "-e", "gpufleet_node_ip=10.231.99.99", "--limit", "node1", "--skip-tags", "validate"
+        "-e", "gpufleet_node_ip=10.231.99.99", "--limit", "node1", "--skip-tags", "preflight_validate"
     )
     assert result.returncode != 0
     assert "gpufleet_node_ip 10.231.99.99 is not an address of eth0" in said(result)
