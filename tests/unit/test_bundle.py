@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import socket
 import threading
 import urllib.request
@@ -129,6 +130,24 @@ def test_second_build_refetches_a_corrupted_file(built: Path, manifest: Path) ->
     (built / "nvidia_container_toolkit/1.0.0/toolkit.deb").write_bytes(b"x")
     result = build(manifest, built)
     assert result.fetched == ["nvidia_container_toolkit"]
+    assert verify(built) == []
+
+
+def test_a_file_corrupted_without_changing_its_size_is_caught_and_refetched(
+    built: Path, manifest: Path
+) -> None:
+    deb = built / "nvidia_container_toolkit/1.0.0/toolkit.deb"
+    good = hashlib.sha256(deb.read_bytes()).hexdigest()
+    data = bytearray(deb.read_bytes())
+    data[0] ^= 0xFF
+    deb.write_bytes(bytes(data))
+    bad = hashlib.sha256(bytes(data)).hexdigest()
+
+    assert verify(built) == [
+        f"nvidia_container_toolkit/1.0.0/toolkit.deb: corrupt: sha256 {bad[:12]}…, expected {good[:12]}…"
+    ]
+    assert build(manifest, built).fetched == ["nvidia_container_toolkit"]
+    assert hashlib.sha256(deb.read_bytes()).hexdigest() == good
     assert verify(built) == []
 
 
