@@ -35,6 +35,9 @@ FLEET_VARIABLE_DOCS: dict[str, str] = {
     "gpufleet_bundle_dir": "Control-node path of an offline bundle; set = never contact the internet.",
     "gpufleet_api_key_file": "Control-node file holding the API key (generated, mode 0600).",
     "gpufleet_lab": "Set by `gpufleet lab up` in lab inventories.",
+    "gpufleet_cuda_forward_compat": "true when every node has NVIDIA's CUDA forward-compatibility package: "
+    "validation then accepts an image whose CUDA is newer than the driver's, on datacenter GPUs only. "
+    "Default false.",
 }
 
 
@@ -53,7 +56,10 @@ def variables_section(root: Path) -> str:
     for name, variable in VARIABLES.items():
         doc = _serving_doc(variable.field) if variable.section == "serving" else FLEET_VARIABLE_DOCS[name]
         lines.append(f"| `{name}` | {doc} |")
-    lines += ["| `gpufleet_api_key_file` | " + FLEET_VARIABLE_DOCS["gpufleet_api_key_file"] + " |"]
+    lines += [
+        f"| `{name}` | {FLEET_VARIABLE_DOCS[name]} |"
+        for name in ("gpufleet_api_key_file", "gpufleet_cuda_forward_compat")
+    ]
     for spec_file in sorted(root.glob("roles/*/meta/argument_specs.yml")):
         role = spec_file.parent.parent.name
         specs: dict[str, Any] = yaml.safe_load(spec_file.read_text(encoding="utf-8")) or {}

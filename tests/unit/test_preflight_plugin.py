@@ -15,7 +15,7 @@ ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 
 
 def run_validate_tag(inventory: Path) -> subprocess.CompletedProcess[str]:
-    # Only the delegated validation task runs (tag `validate`): no host is contacted.
+    # Only the delegated validation task runs (tag `preflight_validate`): no host is contacted.
     env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
     return subprocess.run(
         [
@@ -24,7 +24,7 @@ def run_validate_tag(inventory: Path) -> subprocess.CompletedProcess[str]:
             "-i",
             str(inventory),
             "--tags",
-            "validate",
+            "preflight_validate",
         ],
         cwd=REPO,
         env=env,

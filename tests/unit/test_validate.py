@@ -170,14 +170,6 @@ def test_values_out_of_range(
     assert f"Fix: set {variable}" in line
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason=(
-        "src bug: fleet/validate.py _build_fleet passes gpufleet_bundle_dir to Path() unchecked, so a value "
-        "that is not a string raises TypeError (a traceback from `gpufleet validate`) instead of a problem"
-    ),
-)
 @pytest.mark.parametrize("value", [123, ["/srv/bundle"], {"dir": "/srv/bundle"}])
 def test_a_bundle_dir_that_is_not_a_path_is_a_problem(make_inventory: InventoryFactory, value: Any) -> None:
     line = only_problem(make_inventory(group_vars={"gpufleet_bundle_dir": value}))

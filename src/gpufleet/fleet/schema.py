@@ -146,7 +146,13 @@ def _variables() -> dict[str, Variable]:
 # Every variable the Python side reads; roles add their own through meta/argument_specs.yml.
 VARIABLES: dict[str, Variable] = _variables()
 # Variables gpufleet reads from the inventory that belong to no model (the runner and roles use them).
-FLEET_ONLY_VARIABLES = frozenset({"gpufleet_api_key_file", "gpufleet_lab"})
+FLEET_ONLY_VARIABLES = frozenset(
+    {
+        "gpufleet_api_key_file",
+        "gpufleet_lab",
+        "gpufleet_cuda_forward_compat",  # datacenter GPUs run a newer CUDA than the driver's (cuda-compat)
+    }
+)
 
 # Total memory per GPU as CUDA reports it (torch.cuda.mem_get_info), which is what vLLM multiplies by
 # gpu_memory_utilization. Measured: RTX 3090 (shared testdata), H100 80GB HBM3 (the GPU machine). The others

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from gpufleet.fleet.compatibility import check_compatibility
 from gpufleet.fleet.inventory import RawHost, RawInventory, read_inventory
 from gpufleet.fleet.schema import (
     FLEET_ONLY_VARIABLES,
@@ -95,6 +96,10 @@ def validate_inventory(path: Path) -> Validation:
     result.fleet = _build_fleet(raw, nodes, result)
     if result.fleet is not None:
         _check_parallelism(result.fleet, result)
+        head = next((host for host in nodes if "ray_head" in host.groups), nodes[0])
+        compatibility = check_compatibility(result.fleet, head.variables, project_root())
+        result.problems += compatibility.problems
+        result.warnings += compatibility.warnings
     if result.fleet is not None and not result.problems:
         _check_plan(result.fleet, result)
     result.problems = without_echoes(merged(result.problems))
@@ -276,6 +281,16 @@ def _build_fleet(raw: RawInventory, hosts: list[RawHost], result: Validation) ->
     serving = _build(ServingSpec, _section(head, "serving"), "serving", "group gpu_nodes", result)
     result.problems += _duplicates([node for node in nodes if node is not None])
     bundle = head.variables.get("gpufleet_bundle_dir")
+    if bundle is not None and not isinstance(bundle, str):
+        result.problems.append(
+            Problem(
+                "group gpu_nodes",
+                "gpufleet_bundle_dir",
+                repr(bundle),
+                "the path of a bundle directory on the control node, as a string",
+                "set gpufleet_bundle_dir to the directory `gpufleet bundle build --out` wrote",
+            )
+        )
     if result.problems or model is None or serving is None or None in nodes:
         return None
     try:

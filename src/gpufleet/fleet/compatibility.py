@@ -1,0 +1,91 @@
+"""The fleet's driver, CUDA toolkit, image, executor and GPUs checked together (:mod:`gpufleet.compat`).
+
+Values come from the inventory, else from the roles' defaults; the image's facts from the bundle's lock
+when the fleet deploys from a bundle (read from the image itself when it was built), else from the pinned
+table of vLLM releases. Hosts without GPUs (``gpufleet_gpu: false``, the lab) are not judged on CUDA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpufleet.compat import ImageFacts, check_driver_toolkit, check_executor, check_image, image_facts
+from gpufleet.fleet.schema import FleetSpec
+from gpufleet.problems import Problem
+
+# Inventory variable -> the role whose defaults hold its value when the inventory does not set it.
+DEFAULTS_FROM = {
+    "nvidia_driver_version": "nvidia_driver",
+    "cuda_toolkit_version": "cuda_toolkit",
+    "ray_cluster_image": "ray_cluster",
+    "vllm_service_executor": "vllm_service",
+}
+
+
+@dataclass(frozen=True)
+class Compatibility:
+    problems: list[Problem]
+    warnings: list[str]
+    executor: str | None  # the executor `auto` resolves to
+
+
+def check_compatibility(fleet: FleetSpec, variables: Mapping[str, Any], root: Path | None) -> Compatibility:
+    """Every mismatch between the fleet's driver, toolkit, image, executor and GPUs."""
+    value = _values(variables, root)
+    image = image_facts(str(value["ray_cluster_image"]), _from_bundle(fleet, str(value["ray_cluster_image"])))
+    executor, findings = check_executor(str(value.get("vllm_service_executor") or "auto"), image)
+    gpus = [(node.name, node.gpus.model or "") for node in fleet.nodes if node.gpu and node.gpus.count]
+    if gpus and value.get("nvidia_driver_version"):
+        driver = str(value["nvidia_driver_version"])
+        findings += check_image(
+            image, driver, gpus, forward_compat=bool(variables.get("gpufleet_cuda_forward_compat", False))
+        )
+        if value.get("cuda_toolkit_version"):
+            findings += check_driver_toolkit(driver, str(value["cuda_toolkit_version"]))
+    problems = [
+        Problem("group gpu_nodes", f.variable, f.found, f.expected, f.fix) for f in findings if f.error
+    ]
+    warnings = [f"{f.variable}: {f.found}; {f.expected}. {f.fix}" for f in findings if not f.error]
+    return Compatibility(problems, warnings, executor)
+
+
+def _values(variables: Mapping[str, Any], root: Path | None) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for name, role in DEFAULTS_FROM.items():
+        values[name] = variables[name] if name in variables else _role_default(root, role, name)
+    return values
+
+
+def _role_default(root: Path | None, role: str, name: str) -> Any:
+    path = root / "roles" / role / "defaults" / "main.yml" if root else None
+    if path is None or not path.is_file():
+        return None
+    return (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get(name)
+
+
+def _from_bundle(fleet: FleetSpec, reference: str) -> ImageFacts | None:
+    """The image's facts as the bundle's lock recorded them (read from the image at build time)."""
+    if fleet.bundle_dir is None:
+        return None
+    from gpufleet.bundle.lock import LockError, read_lock  # noqa: PLC0415  (only with a bundle)
+
+    bundle = fleet.bundle_dir
+    if not bundle.is_absolute():
+        bundle = (fleet.inventory if fleet.inventory.is_dir() else fleet.inventory.parent) / bundle
+    try:
+        lock = read_lock(bundle)
+    except LockError:
+        return None  # the artifacts stage says what is wrong with the bundle
+    for image in lock.images:
+        read = any(getattr(image, name) is not None for name in ("cuda", "vllm", "ray", "torch", "python"))
+        if f"{image.name}:{image.tag}" == reference and read:  # a lock from before gpufleet read images
+            return ImageFacts(
+                reference, image.cuda, image.ray is not None, image.vllm, image.ray, image.python,
+                source="image config",
+            )  # fmt: skip
+    return None

@@ -1,0 +1,154 @@
+"""Driver ↔ CUDA ↔ image ↔ GPU: every row of the README's "Versions" table, and the refusals."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpufleet.compat import (
+    ImageFacts,
+    check_driver_toolkit,
+    check_executor,
+    check_image,
+    cuda_from_requirement,
+    driver_cuda,
+    gpu_capability,
+    image_facts,
+)
+from gpufleet.fleet import validate_inventory
+
+REPO = Path(__file__).resolve().parents[2]
+SEED = [("gpu-head-01", "NVIDIA GeForce RTX 3090"), ("gpu-worker-01", "NVIDIA H800")]
+H800 = [("gpu-worker-01", "NVIDIA H800")]
+V0101 = image_facts("vllm/vllm-openai:v0.10.1.1")
+V085 = image_facts("vllm/vllm-openai:v0.8.5")
+
+# The README's table: driver, toolkit, image, GPUs, forward compat, accepted?
+ROWS = [
+    ("570.172.08", "12.4", V0101, SEED, False, True),  # the default of inventories/prod
+    ("580.65.06", "12.4", V0101, SEED, False, True),
+    ("550.163.01", "12.4", V085, SEED, False, True),
+    ("550.163.01", "12.4", V0101, SEED, False, False),  # the old default pair
+    ("550.163.01", "12.4", V0101, H800, True, True),  # datacenter GPU + cuda-compat: accepted, with a warning
+    ("550.163.01", "12.4", V0101, SEED, True, False),  # ... but not with a GeForce in the fleet
+    ("535.247.01", "12.4", V085, H800, False, False),  # CUDA 12.4 toolkit needs 550.54.14
+]
+
+
+@pytest.mark.parametrize("row", ROWS)
+def test_versions_table(row: tuple[str, str, ImageFacts, list[tuple[str, str]], bool, bool]) -> None:
+    driver, toolkit, image, gpus, compat, accepted = row
+    findings = check_image(image, driver, gpus, forward_compat=compat) + check_driver_toolkit(driver, toolkit)
+    errors = [finding for finding in findings if finding.error]
+    assert (not errors) is accepted, errors
+
+
+def test_the_old_default_pair_is_refused_naming_driver_image_gpu_and_fix() -> None:
+    (finding,) = check_image(V0101, "550.163.01", SEED)
+    line = f"{finding.variable}: found {finding.found}; expected {finding.expected}. Fix: {finding.fix}"
+    for needed in ("550.163.01", "vllm/vllm-openai:v0.10.1.1", "CUDA 12.8", "RTX 3090", "570"):
+        assert needed in line, (needed, line)
+
+
+def test_forward_compat_on_datacenter_gpus_is_accepted_with_a_warning_not_silently() -> None:
+    (finding,) = check_image(V0101, "550.163.01", H800, forward_compat=True)
+    assert not finding.error and finding.variable == "gpufleet_cuda_forward_compat"
+
+
+def test_a_too_old_gpu_is_refused() -> None:
+    image = ImageFacts("vllm/vllm-openai:vX", "12.4", True, min_capability=(8, 0))
+    (finding,) = check_image(image, "550.163.01", [("old", "Tesla V100-SXM2-32GB")])
+    assert finding.error and "7.0" in finding.found
+
+
+@pytest.mark.parametrize(
+    ("driver", "cuda"),
+    [("550.163.01", "12.4"), ("570.172.08", "12.8"), ("580.95.05", "13.0"), ("999.1", None)],
+)
+def test_driver_branch_to_cuda(driver: str, cuda: str | None) -> None:
+    assert driver_cuda(driver) == cuda
+
+
+@pytest.mark.parametrize(
+    ("text", "cuda"),
+    [
+        ("cuda>=12.8 brand=tesla,driver>=470,driver<471 brand=unknown,driver>=470,driver<471", "12.8"),
+        ("12.4.1", "12.4"),
+        ("", None),
+    ],
+)
+def test_cuda_from_the_image_requirement(text: str, cuda: str | None) -> None:
+    assert cuda_from_requirement(text) == cuda
+
+
+@pytest.mark.parametrize(
+    ("name", "capability"),
+    [
+        ("NVIDIA GeForce RTX 3090", (8, 6)),
+        ("NVIDIA H800", (9, 0)),
+        ("NVIDIA H100 80GB HBM3", (9, 0)),
+        ("NVIDIA L40S", (8, 9)),  # not L40's
+        ("NVIDIA A10", (8, 6)),  # not A100's
+        ("Some Future GPU", None),
+    ],
+)
+def test_gpu_capability(name: str, capability: tuple[int, int] | None) -> None:
+    assert gpu_capability(name) == capability
+
+
+def test_executor_auto_follows_the_image_and_ray_without_ray_is_refused() -> None:
+    no_ray = ImageFacts("vllm/vllm-openai:v0.24.0", "12.9", False)
+    assert check_executor("auto", V0101) == ("ray", [])
+    assert check_executor("auto", no_ray) == ("mp", [])
+    _, findings = check_executor("ray", no_ray)
+    assert findings and findings[0].variable == "vllm_service_executor" and "auto or mp" in findings[0].fix
+
+
+def prod_copy(tmp_path: Path, **variables: object) -> Path:
+    inventory = tmp_path / "prod"
+    shutil.copytree(REPO / "inventories" / "prod", inventory)
+    group_vars = inventory / "group_vars" / "gpu_nodes.yml"
+    data = yaml.safe_load(group_vars.read_text())
+    data["gpufleet_model_config"] = str(REPO / "models" / "Qwen2.5-1.5B-Instruct" / "config.json")
+    data.update(variables)
+    group_vars.write_text(yaml.safe_dump(data))
+    return inventory
+
+
+def test_validate_accepts_the_prod_defaults(tmp_path: Path) -> None:
+    result = validate_inventory(prod_copy(tmp_path))
+    assert result.problems == []
+
+
+def test_validate_refuses_the_old_pair_in_one_line(tmp_path: Path) -> None:
+    result = validate_inventory(prod_copy(tmp_path, nvidia_driver_version="550.163.01"))
+    (problem,) = result.problems
+    assert problem.variable == "ray_cluster_image"
+    assert "550.163.01" in str(problem) and "RTX 3090" in str(problem) and "\n" not in str(problem)
+
+
+def test_image_contents_are_read_from_the_image_itself(tmp_path: Path) -> None:
+    """What the compatibility check needs: CUDA from NVIDIA_REQUIRE_CUDA (over CUDA_VERSION), Ray, vLLM."""
+    from gpufleet.bundle.images import image_contents, tar_layer, write_docker_archive
+
+    site = "usr/local/lib/python3.12/dist-packages"
+    layers = [
+        tar_layer({"etc/os-release": b"ID=ubuntu\n"}),
+        tar_layer(
+            {f"{site}/vllm-0.10.1.1.dist-info/METADATA": b"", f"{site}/ray-2.48.0.dist-info/METADATA": b""}
+        ),
+    ]
+    archive = tmp_path / "image.tar"
+    write_docker_archive(
+        archive, "vllm/vllm-openai:v0.10.1.1", layers, ["vllm"],
+        env=("CUDA_VERSION=12.8.1", "NVIDIA_REQUIRE_CUDA=cuda>=12.8 brand=tesla,driver>=470,driver<471"),
+    )  # fmt: skip
+    found = image_contents(archive)
+    assert found == {"cuda": "12.8", "vllm": "0.10.1.1", "ray": "2.48.0", "torch": None, "python": "3.12"}
+
+    bare = tmp_path / "bare.tar"
+    write_docker_archive(bare, "x:1", [layers[0]], ["sh"], env=("CUDA_VERSION=12.4.1",))
+    assert image_contents(bare) == {"cuda": "12.4", "vllm": None, "ray": None, "torch": None, "python": None}
