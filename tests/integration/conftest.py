@@ -178,8 +178,12 @@ def run_molecule(scenario: str, extra_env: dict[str, str] | None = None, timeout
     assert result.returncode == 0, tail
     step = rf"{re.escape(scenario)} (?:➜|>) "  # "➜" on a terminal, ">" elsewhere
     actions = [*MOLECULE_ACTIONS, *(["prepare"] if re.search(step + r"prepare\]?:? Executing", out) else [])]
+    # Molecule's closing DETAILS list says "<scenario> > idempotence: Executed: Successful" even when the
+    # idempotence step failed (seen with Molecule 26.10): only the live "[<scenario> > <action>]" lines count.
     for action in actions:
-        assert re.search(step + action + r"\]?:? Executed: Successful", out), tail
+        assert re.search(r"\[" + step + action + r"\] Executed: Successful", out), tail
+    assert "Executed: Failed" not in out, tail
+    assert "Idempotence test failed" not in out, tail
     checks = [match.end() for match in re.finditer(step + r"check\]?:? Executing", out)]
     if len(checks) > 1:  # the second check runs on converged hosts: nothing may change
         last = out[checks[-1] :]

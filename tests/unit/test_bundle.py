@@ -111,7 +111,8 @@ def test_build_lays_out_the_bundle_as_the_conventions_say(built: Path, manifest:
     assert "nvidia_container_toolkit/1.0.0/toolkit.deb" in paths
     assert "images/gpufleet-test_1.tar.gz" in paths
     assert "models/gpufleet/tiny-qwen2/model.safetensors" in paths
-    assert lock["images"][0]["id"] == image_id(built / "images/gpufleet-test_1.tar.gz")
+    pinned = yaml.safe_load(manifest.read_text())["images"][0]["id"]  # as write_docker_archive made it
+    assert lock["images"][0]["id"] == pinned == image_id(built / "images/gpufleet-test_1.tar.gz")
     assert not (built / "models/gpufleet/tiny-qwen2/.git/lfs/objects").exists(), "weights kept twice"
 
 
