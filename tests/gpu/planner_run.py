@@ -1,0 +1,168 @@
+"""Start real vLLM once per planner case and keep each start-up's DEBUG log (run on the GPU machine).
+
+For each case: a weightless model directory (the case's config.json from tests/unit/data/planner_models plus
+a generated tokenizer, see mkmodel.py), then ``vllm serve DIR --load-format dummy`` with the case's flags and
+``VLLM_LOGGING_LEVEL=DEBUG``. The memory figures the planner predicts are all printed before CUDA graphs are
+captured ("Available KV cache memory", "GPU KV cache size", "Maximum concurrency"), so each server is
+stopped a few seconds after its "Maximum concurrency" line, which saves the capture and the API start-up.
+Cases run one after another (vLLM's memory profiling assumes it has the GPU to itself), in the order given,
+and no case starts once less than ``--reserve`` seconds are left of ``--budget``.
+
+Usage: python3 planner_run.py OUT_DIR [--budget S] [--reserve S] [CASE ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MODELS = HERE.parent / "unit" / "data" / "planner_models"
+VLLM = "import sys; sys.argv[0] = 'vllm'; from vllm.entrypoints.cli.main import main; main()"
+DONE = "Maximum concurrency for"
+
+# name -> (model dir under planner_models, extra `vllm serve` flags). Order = priority.
+LEN, UTIL = "--max-model-len", "--gpu-memory-utilization"
+CASES: dict[str, tuple[str, list[str]]] = {
+    "qwen3-30b-a3b-moe": ("Qwen3-30B-A3B", [LEN, "8192", UTIL, "0.9"]),
+    "deepseek-v2-lite-mla": (
+        "DeepSeek-V2-Lite",
+        [LEN, "8192", UTIL, "0.85"],
+    ),
+    "qwen3-8b-fp8-block": ("Qwen3-8B-FP8", [LEN, "16384", UTIL, "0.9"]),
+    "qwen2.5-7b-awq": (
+        "Qwen2.5-7B-Instruct-AWQ",
+        [LEN, "8192", UTIL, "0.9"],
+    ),
+    "gemma-3-1b-sliding": ("gemma-3-1b-it", [LEN, "32768", UTIL, "0.5"]),
+    "qwen2.5-32b-kv-fp8": (
+        "Qwen2.5-32B-Instruct",
+        [LEN, "16384", UTIL, "0.95", "--kv-cache-dtype", "fp8"],
+    ),
+    "qwen1.5-moe-eager": (
+        "Qwen1.5-MoE-A2.7B",
+        [LEN, "8192", UTIL, "0.6", "--enforce-eager"],
+    ),
+    "mixtral-8x7b-fp8": (
+        "Mixtral-8x7B-Instruct-v0.1-FP8",
+        [LEN, "8192", UTIL, "0.9"],
+    ),
+    "gpt-oss-20b-mxfp4": ("gpt-oss-20b", [LEN, "16384", UTIL, "0.9"]),
+    "qwen2.5-7b-gptq-kv-fp8": (
+        "Qwen2.5-7B-Instruct-GPTQ-Int4",
+        [LEN, "8192", UTIL, "0.7", "--kv-cache-dtype", "fp8"],
+    ),
+    "qwen3-30b-a3b-online-fp8": (
+        "Qwen3-30B-A3B",
+        [LEN, "8192", UTIL, "0.8", "--quantization", "fp8"],
+    ),
+    "llama-3.1-8b": (
+        "Llama-3.1-8B-Instruct",
+        [LEN, "32768", UTIL, "0.9"],
+    ),
+}
+
+
+def build(model: str, root: Path) -> str:
+    """Model dir with config.json and a tokenizer of exactly vocab_size entries."""
+    sys.path.insert(0, str(HERE))
+    import mkmodel
+
+    config = json.loads((MODELS / model / "config.json").read_text())
+    vocab = int(config["vocab_size"])
+    if vocab <= max(mkmodel.SPECIALS):  # small vocabularies: the special tokens take the last ids
+        mkmodel.SPECIALS = {vocab - 3: "<|endoftext|>", vocab - 2: "<|im_start|>", vocab - 1: "<|im_end|>"}
+    out = root / model
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    mkmodel.tokenizer(vocab).save_pretrained(out)
+    return str(out)
+
+
+def run_case(name: str, model_dir: Path, flags: list[str], out: Path, limit: float) -> str:
+    log_path = out / f"{name}.log"
+    cmd = [
+        sys.executable,
+        "-c",
+        VLLM,
+        "serve",
+        str(model_dir),
+        "--load-format",
+        "dummy",
+        "--port",
+        "8011",
+        *flags,
+    ]
+    env = os.environ | {"VLLM_LOGGING_LEVEL": "DEBUG"}
+    t0 = time.time()
+    with log_path.open("w") as log:
+        log.write(f"# {' '.join(cmd[3:])}\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        status = "timeout"
+        while time.time() - t0 < limit:
+            time.sleep(1)
+            if DONE in log_path.read_text(errors="replace"):
+                time.sleep(3)  # the DEBUG lines around it
+                status = "ok"
+                break
+            if proc.poll() is not None:
+                status = f"exited {proc.returncode}"
+                break
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if proc.poll() is None:
+                os.killpg(proc.pid, sig)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=8)
+    # Wait until the GPU is free again before the next case profiles it.
+    for _ in range(30):
+        used = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+        if used and int(used.split()[0]) < 1500:
+            break
+        time.sleep(1)
+    return f"{name}: {status} in {time.time() - t0:.0f} s"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--budget", type=float, default=570)
+    parser.add_argument("--reserve", type=float, default=75)
+    parser.add_argument("cases", nargs="*")
+    args = parser.parse_args()
+    t0 = time.time()
+    names = args.cases or list(CASES)
+    root = Path("/root/planner-models")
+    args.out.mkdir(parents=True, exist_ok=True)
+    pool = ProcessPoolExecutor(max_workers=6)
+    dirs = {model: pool.submit(build, model, root) for model in dict.fromkeys(CASES[n][0] for n in names)}
+    summary = args.out / "summary.txt"
+    for name in names:
+        left = args.budget - (time.time() - t0)
+        if left < args.reserve:
+            line = f"{name}: skipped ({left:.0f} s left)"
+        else:
+            model, flags = CASES[name]
+            model_dir = Path(dirs[model].result())
+            line = run_case(name, model_dir, flags, args.out, min(left - 10, 180))
+        print(line, flush=True)
+        with summary.open("a") as f:
+            f.write(line + "\n")
+    pool.shutdown(cancel_futures=True)
+
+
+if __name__ == "__main__":
+    main()
