@@ -47,6 +47,7 @@ class VllmFacts(BaseModel):
     non_kv_cache_gib: float | None = None
     requested_gib: float | None = None
     cuda_graph_gib: float | None = None
+    cuda_graph_estimate_gib: float | None = None
     engine_init_seconds: float | None = None
     ready_seconds: float | None = None
 
@@ -102,6 +103,8 @@ _RULES = (
     ),
     _rule("cuda_graph_gib", r"CUDA graph pool memory: " + _NUM + r" ?GiB \(actual\)", reduce=max),
     _rule("cuda_graph_gib", r"Graph capturing finished in [\d.]+ secs?, took " + _NUM + r" ?GiB", reduce=max),
+    # vLLM >= 0.21 (V1 model runner): the estimate it subtracts from the KV budget before capturing.
+    _rule("cuda_graph_estimate_gib", r"Estimated CUDA graph memory: " + _NUM + r" ?GiB total", reduce=max),
     _rule("engine_init_seconds", r"init engine \(profile, create kv cache, warmup model\) took " + _NUM),
 )
 _INTEGER_FACTS = frozenset(

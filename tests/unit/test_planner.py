@@ -82,10 +82,12 @@ WEIGHT_XFAIL = {
     "qwen3-8b-tp2-bitsandbytes": "measured weights are below Qwen3-8B's 4-bit minimum; they fit Qwen3-4B"
 }
 # The KV cache rests on three estimates (activation peak, non-torch memory, CUDA graphs) that vLLM
-# measures. Across vLLM 0.7.2 (V0), 0.8.5 (V1, which counts the CUDA context as non-torch), 0.10.1 and
-# 0.24 (V1 and V2 runners) the prediction lands between -6 % and +8 % of what vLLM reported; 12 % bounds
-# that spread with a margin for rounding, and is tighter than the 15 % the brief allowed.
-KV_BOUND = 0.12
+# measures; their terms follow vLLM 0.24's profile run (gpufleet.planner.estimates). Every shared case
+# lands within 3 % of the tokens vLLM reported but one from vLLM 0.8.5 (below).
+KV_BOUND = 0.03
+# vLLM 0.8.5's V1 engine counted the CUDA context as non-torch memory (about 1 GiB more with TP=2) and the
+# planner models vLLM 0.24: this older case keeps a wider bound.
+KV_BOUND_EXCEPTIONS = {"qwen3-8b-tp2-rtx3080-cpu-offload": 0.15}
 
 
 def _case_config(case: dict[str, Any]) -> dict[str, Any]:
@@ -173,8 +175,9 @@ def test_concurrency_from_measured_kv_cache_is_exact(case: dict[str, Any]) -> No
 def test_kv_cache_estimate_is_within_documented_bound(case: dict[str, Any]) -> None:
     result = plan(request_for(case))
     measured = measured_tokens(case) * result.kv_bytes_per_token_per_gpu / GIB
-    assert result.kv_cache_gib_per_gpu == pytest.approx(measured, rel=KV_BOUND)
-    assert result.kv_cache_tokens == pytest.approx(measured_tokens(case), rel=KV_BOUND)
+    bound = KV_BOUND_EXCEPTIONS.get(case["name"], KV_BOUND)
+    assert result.kv_cache_gib_per_gpu == pytest.approx(measured, rel=bound)
+    assert result.kv_cache_tokens == pytest.approx(measured_tokens(case), rel=bound)
 
 
 @pytest.mark.parametrize("case", cases_with("gpu_total_gib", "gpu_memory_utilization", "max_concurrency"))
@@ -195,9 +198,9 @@ def test_non_torch_estimate_is_near_measured(case: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("case", cases_with("activation_peak_gib"))
-def test_activation_estimate_is_not_below_v1_measurement(case: dict[str, Any]) -> None:
-    # The sampler term is sized for vLLM's V1 sampler; being conservative keeps the KV estimate low.
-    assert plan(request_for(case)).activation_peak_gib >= case["measured"]["activation_peak_gib"]
+def test_activation_estimate_is_near_the_measurement(case: dict[str, Any]) -> None:
+    measured = case["measured"]["activation_peak_gib"]
+    assert plan(request_for(case)).activation_peak_gib == pytest.approx(measured, abs=0.15)
 
 
 # --- Synthetic configs: one rule each ------------------------------------------------------------------
@@ -301,8 +304,8 @@ def test_fp8_kv_cache_halves_bytes_per_token() -> None:
         (Quantization("fp8", bits=8, group_size=0), 4096 * 4096 + 4 + 4),
         # packed 4-bit weight + 4-bit zeros and fp16 scales per group of 128 input rows
         (Quantization("awq"), 4096 * 4096 // 2 + 32 * 4096 // 2 + 32 * 4096 * 2),
-        # the same plus GPTQ's g_idx (one int32 per input row)
-        (Quantization("gptq"), 4096 * 4096 // 2 + 32 * 4096 // 2 + 32 * 4096 * 2 + 4096 * 4),
+        # symmetric GPTQ under Marlin: packed weight and scales (no zeros; no g_idx without act-order)
+        (Quantization("gptq", zero_points=False), 4096 * 4096 // 2 + 32 * 4096 * 2),
     ],
     ids=["bitsandbytes", "fp8", "awq", "gptq"],
 )
@@ -384,8 +387,8 @@ def test_unknown_setting_raises_planner_input_error(settings: dict[str, Any]) ->
 
 @pytest.mark.parametrize(
     "config",
-    [llama(num_local_experts=8), llama(kv_lora_rank=512), {"model_type": "llava", "text_config": {}}],
-    ids=["moe", "mla", "multimodal"],
+    [{"model_type": "llava", "text_config": {}}],
+    ids=["multimodal"],
 )
 def test_unsupported_architecture_raises_planner_input_error(config: dict[str, Any]) -> None:
     with pytest.raises(PlannerInputError):
@@ -424,16 +427,25 @@ def test_estimated_figures_are_named() -> None:
 
 @pytest.mark.parametrize(
     ("changed", "settings"),
-    [
-        ({}, {"max_num_batched_tokens": 16384}),
-        ({"hidden_size": 2048}, {}),
-        ({"intermediate_size": 8192}, {}),
-        ({"vocab_size": 64000}, {}),
-    ],
-    ids=["max_num_batched_tokens", "hidden_size", "intermediate_size", "vocab_size"],
+    [({"vocab_size": 64000}, {}), ({}, {"max_num_seqs": 2048, "max_num_batched_tokens": 8192})],
+    ids=["vocab_size", "max_num_seqs"],
 )
-def test_activation_estimate_grows_with(changed: dict[str, Any], settings: dict[str, Any]) -> None:
+def test_activation_estimate_grows_with_the_sampler(
+    changed: dict[str, Any], settings: dict[str, Any]
+) -> None:
     assert plan_for(llama(**changed), **settings).activation_peak_gib > plan_for(llama()).activation_peak_gib
+
+
+def test_activation_estimate_does_not_grow_with_a_dense_model() -> None:
+    # vLLM 0.24 measured 2.17, 2.2 and 2.23 GiB for Qwen2.5 1.5B, 7B and 32B: the sampler decides.
+    big = llama(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80)
+    assert plan_for(big, memory_gib=400).activation_peak_gib == plan_for(llama()).activation_peak_gib
+
+
+def test_activation_estimate_grows_with_moe_batch() -> None:
+    moe = llama(num_local_experts=8, num_experts_per_tok=2)
+    small = plan_for(moe, max_num_batched_tokens=4096).activation_peak_gib
+    assert plan_for(moe, max_num_batched_tokens=16384).activation_peak_gib > small
 
 
 def test_non_torch_estimate_is_a_few_hundred_mib_and_more_with_nccl() -> None:

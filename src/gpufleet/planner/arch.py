@@ -1,26 +1,38 @@
 """What a model's ``config.json`` fixes exactly: dtypes, quantization, shapes, parameter bytes, KV bytes.
 
-Everything here mirrors how vLLM builds the model, so the figures are computed, not estimated:
+Everything here mirrors how vLLM 0.24 builds the model, so the figures are computed, not estimated:
 
 - dtype ``auto`` takes ``torch_dtype`` from config.json (float32 checkpoints are served as float16, as
   vLLM does); an explicit dtype wins.
-- Each decoder layer is ``qkv_proj`` (+ bias for Qwen2 or ``attention_bias``), ``o_proj``, ``q_norm`` and
-  ``k_norm`` for Qwen3/Gemma3, ``gate_up_proj``, ``down_proj`` and two RMSNorms, in vLLM's registration
-  order (which decides where ``cpu_offload_gb`` stops).
-- Tensor parallelism shards heads, the MLP and the vocabulary (padded to a multiple of 64, then split);
-  KV heads are replicated when there are fewer of them than ranks.
+- Attention: ``qkv_proj`` (+ bias for Qwen2/Qwen2-MoE or ``attention_bias``), ``o_proj``, ``q_norm`` and
+  ``k_norm`` for Qwen3/Qwen3-MoE/Gemma 3, attention sinks for gpt-oss; or multi-head latent attention
+  (DeepSeek-V2/V3: ``q_proj`` or ``q_a_proj``/``q_b_proj``, the replicated ``kv_a_proj_with_mqa``,
+  ``kv_a_layernorm``, ``kv_b_proj``, ``o_proj``).
+- MLP: dense ``gate_up_proj``/``down_proj``, or a mixture of experts: the router (replicated, never
+  quantized), the fused experts ``w13`` (``2 x moe_intermediate_size x hidden``) and ``w2`` per expert,
+  shared experts (``shared_expert_intermediate_size`` or ``n_shared_experts x moe_intermediate_size``) and
+  Qwen2-MoE's ``shared_expert_gate``. Dense layers inside MoE models follow ``first_k_dense_replace``,
+  ``mlp_only_layers`` and ``decoder_sparse_step``.
+- Tensor parallelism shards heads, MLPs and the vocabulary (padded to a multiple of 64, then split); KV
+  heads are replicated when there are fewer of them than ranks. Experts are sharded on their intermediate
+  size, or, with ``--enable-expert-parallel``, spread whole over the ranks.
 - Pipeline parallelism splits layers as vLLM's ``get_pp_indices`` does: the remainder goes to the stages
   before the last, starting from the second-last; the first stage holds the embedding, the last the final
   norm and ``lm_head`` (a second copy of the embedding when the embeddings are tied and PP > 1).
-- Quantization shrinks linear layers only; embeddings, ``lm_head`` and norms stay in the model dtype.
-- The rotary cos/sin cache (``max_position x rotary_dim`` in the model dtype) is counted: vLLM's
-  "Model loading took" includes it.
+- Quantization shrinks linear layers only; embeddings, ``lm_head``, routers and norms stay in the model
+  dtype (see :func:`param_bytes` for each method's layout).
+- The rotary cos/sin cache (``max_position x rotary_dim`` in the model dtype; two for Gemma 3's local and
+  global RoPE) is counted: vLLM's "Model loading took" includes it.
+- KV bytes per token and layer: ``2 x KV heads per rank x head_dim x dtype`` for standard attention;
+  ``(kv_lora_rank + qk_rope_head_dim) x dtype`` for MLA, whole on every tensor-parallel rank. Layers with
+  a sliding window form their own KV-cache groups (vLLM's hybrid allocator, see
+  :mod:`gpufleet.planner.kvcache`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,15 +52,20 @@ DTYPE_ALIASES = {
 }
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 KV_CACHE_DTYPE_BYTES = {"bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1}
+# vLLM's quantization names (checkpoint quant_method or --quantization) -> the layout the planner sizes.
 QUANTIZATION_ALIASES = {
     "bitsandbytes": "bitsandbytes",
     "fp8": "fp8",
+    "fbgemm_fp8": "fp8",
+    "modelopt": "fp8",
     "awq": "awq",
     "awq_marlin": "awq",
     "gptq": "gptq",
     "gptq_marlin": "gptq",
+    "compressed-tensors": "compressed-tensors",
+    "compressed_tensors": "compressed-tensors",
+    "mxfp4": "mxfp4",
 }
-MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
 # vLLM's _get_and_verify_max_len looks at all of these and takes the smallest.
 MAX_LEN_KEYS = (
     "max_position_embeddings",
@@ -60,6 +77,9 @@ MAX_LEN_KEYS = (
     "max_seq_length",
     "seq_len",
 )
+QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_moe"})
+QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe", "gemma3_text", "gemma3"})
+FOUR_NORM_TYPES = frozenset({"gemma2", "gemma3_text", "gemma3"})  # pre/post attention and feed-forward
 
 
 class PlannerInputError(ValueError):
@@ -67,8 +87,39 @@ class PlannerInputError(ValueError):
 
 
 @dataclass(frozen=True)
+class MoeShape:
+    """A mixture-of-experts MLP as vLLM builds it."""
+
+    num_experts: int
+    intermediate_size: int  # per expert
+    top_k: int
+    shared_intermediate_size: int = 0  # all shared experts together; 0 = none
+    shared_expert_gate: bool = False  # Qwen2-MoE: a 1-output gate on the shared expert
+    dense_layers: frozenset[int] = frozenset()  # layers with a dense MLP instead
+    router_bias: bool = False  # gpt-oss
+    expert_bias: bool = False  # gpt-oss
+    score_bias: bool = False  # DeepSeek-V3's e_score_correction_bias (float32)
+
+
+@dataclass(frozen=True)
+class MlaShape:
+    """Multi-head latent attention (DeepSeek-V2/V3)."""
+
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int = 0  # 0: q_proj straight from the hidden state
+
+    @property
+    def latent_dim(self) -> int:
+        """Elements per token and layer in the KV cache: the latent plus the RoPE key."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
 class ModelArch:
-    """The shape of a dense decoder-only transformer, as read from config.json."""
+    """The shape of a decoder-only transformer, as read from config.json."""
 
     model_type: str
     hidden_size: int
@@ -84,18 +135,38 @@ class ModelArch:
     mlp_bias: bool
     qk_norm: bool
     rotary_dim: int
+    architecture: str = ""
+    moe: MoeShape | None = None
+    mla: MlaShape | None = None
+    # Per layer: its sliding window, or None for full attention.
+    layer_windows: tuple[int | None, ...] = ()
+    norms_per_layer: int = 2
+    attention_sinks: bool = False
+    rotary_caches: int = 1
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.moe is not None and layer not in self.moe.dense_layers
+
+    def window(self, layer: int) -> int | None:
+        return self.layer_windows[layer] if self.layer_windows else None
 
 
 @dataclass(frozen=True)
 class Quantization:
     """How vLLM stores a linear layer's weight under one quantization method."""
 
-    method: str  # bitsandbytes | fp8 | awq | gptq
+    method: str  # bitsandbytes | fp8 | awq | gptq | int8 | mxfp4 (compressed-tensors resolves to these)
     bits: int = 4
     group_size: int = 128
     # bitsandbytes: absmax stored as uint8 (vLLM quantizes with compress_statistics=True).
     double_quant: bool = True
     block: tuple[int, int] | None = None  # fp8 checkpoints with block-wise scales
+    per_channel: bool = False  # fp8/int8 with one scale per output row
+    zero_points: bool = True  # AWQ and asymmetric GPTQ keep packed zeros
+    online: bool = False  # --quantization fp8 on an unquantized checkpoint
+    skip: tuple[str, ...] = ()  # module names left unquantized (ignore / modules_to_not_convert)
+    experts_only: bool = False  # MXFP4 (gpt-oss) quantizes the experts only
+    source: str = ""  # the method as config.json or --quantization named it
 
 
 @dataclass(frozen=True)
@@ -106,6 +177,9 @@ class Param:
     out_features: int
     in_features: int = 0
     shards: int = 1  # logical shards fused into one parameter (q/k/v, gate/up): one fp8 scale each
+    copies: int = 1  # fused MoE experts: one (out x in) matrix per local expert
+    quantizable: bool = True  # routers, gates and norms are never quantized
+    dtype_bytes: int = 0  # fixed element size (float32 sinks or score biases); 0 = the model dtype
 
     @property
     def is_linear(self) -> bool:
@@ -118,14 +192,47 @@ class DerivedMaxLen:
     source: str  # how vLLM words it: "max_position_embeddings=40960"
 
 
+@dataclass(frozen=True)
+class Parallelism:
+    """How one GPU's share is cut: TP ranks, and experts spread whole with ``expert_parallel``."""
+
+    tp: int = 1
+    expert_parallel: bool = False
+    data_parallel: int = 1
+
+    @property
+    def ep(self) -> int:
+        return self.tp * self.data_parallel if self.expert_parallel else 1
+
+
 def _int(config: Mapping[str, Any], key: str) -> int:
     value = config.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise PlannerInputError(
             f"config.json: {key}: found {value!r}; expected a positive integer. "
-            "Fix: point the planner at the model's own config.json (a dense decoder-only transformer)"
+            "Fix: point the planner at the model's own config.json (a decoder-only transformer)"
         )
     return value
+
+
+def _opt_int(config: Mapping[str, Any], *keys: str) -> int:
+    for key in keys:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return 0
+
+
+def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The language model's config: multimodal wrappers keep it under ``text_config``."""
+    inner = config.get("text_config")
+    if "hidden_size" not in config and isinstance(inner, dict):
+        merged = dict(inner)
+        for key in ("torch_dtype", "dtype", "quantization_config", "architectures", "tie_word_embeddings"):
+            if key in config and key not in merged:
+                merged[key] = config[key]
+        return merged
+    return config
 
 
 def parse_arch(config: Mapping[str, Any]) -> ModelArch:
@@ -139,23 +246,105 @@ def parse_arch(config: Mapping[str, Any]) -> ModelArch:
         kv_heads = 1 if config.get("multi_query") else heads
     head_dim = config.get("head_dim") or hidden // heads
     attention_bias = bool(config.get("attention_bias", False))
+    layers = _int(config, "num_hidden_layers")
+    mla = _parse_mla(config)
+    moe = _parse_moe(config, layers)
+    intermediate = _opt_int(config, "intermediate_size", "ffn_dim") or (moe.intermediate_size if moe else 0)
+    rotary = mla.qk_rope_head_dim if mla else int(head_dim * float(config.get("partial_rotary_factor", 1.0)))
+    architectures = config.get("architectures")
+    architecture = str(architectures[0]) if isinstance(architectures, list) and architectures else ""
     return ModelArch(
         model_type=model_type,
         hidden_size=hidden,
-        intermediate_size=_int(config, "intermediate_size"),
-        num_layers=_int(config, "num_hidden_layers"),
+        intermediate_size=_int({"intermediate_size": intermediate}, "intermediate_size"),
+        num_layers=layers,
         num_heads=heads,
         num_kv_heads=_int({"num_key_value_heads": kv_heads}, "num_key_value_heads"),
         head_dim=_int({"head_dim": head_dim}, "head_dim"),
         vocab_size=_int(config, "vocab_size"),
-        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+        tie_embeddings=bool(config.get("tie_word_embeddings", model_type in FOUR_NORM_TYPES)),
         # vLLM's Qwen2 attention always has q/k/v biases; Llama-style models follow attention_bias.
-        qkv_bias=model_type == "qwen2" or attention_bias,
-        o_bias=attention_bias and model_type != "qwen2",
+        qkv_bias=model_type in QKV_BIAS_TYPES or attention_bias,
+        o_bias=attention_bias and model_type not in QKV_BIAS_TYPES,
         mlp_bias=bool(config.get("mlp_bias", False)),
-        qk_norm=model_type in {"qwen3", "gemma3_text", "gemma3"},
-        rotary_dim=int(head_dim * float(config.get("partial_rotary_factor", 1.0))),
+        qk_norm=model_type in QK_NORM_TYPES,
+        rotary_dim=rotary,
+        architecture=architecture,
+        moe=moe,
+        mla=mla,
+        layer_windows=_layer_windows(config, model_type, layers),
+        norms_per_layer=4 if model_type in FOUR_NORM_TYPES else 2,
+        attention_sinks=model_type == "gpt_oss",
+        rotary_caches=2 if model_type in {"gemma3_text", "gemma3"} else 1,
     )
+
+
+def _parse_mla(config: Mapping[str, Any]) -> MlaShape | None:
+    if not config.get("kv_lora_rank"):
+        return None
+    return MlaShape(
+        kv_lora_rank=_int(config, "kv_lora_rank"),
+        qk_rope_head_dim=_int(config, "qk_rope_head_dim"),
+        qk_nope_head_dim=_int(config, "qk_nope_head_dim"),
+        v_head_dim=_int(config, "v_head_dim"),
+        q_lora_rank=_opt_int(config, "q_lora_rank"),
+    )
+
+
+def _parse_moe(config: Mapping[str, Any], layers: int) -> MoeShape | None:
+    experts = _opt_int(config, "num_experts", "num_local_experts", "n_routed_experts")
+    if not experts:
+        return None
+    model_type = str(config.get("model_type", ""))
+    # Mixtral and gpt-oss size their experts with intermediate_size; the others with moe_intermediate_size.
+    per_expert = _opt_int(config, "moe_intermediate_size", "intermediate_size")
+    shared = _opt_int(config, "shared_expert_intermediate_size")
+    if not shared and _opt_int(config, "n_shared_experts"):
+        shared = _opt_int(config, "n_shared_experts") * per_expert
+    dense = set(range(min(_opt_int(config, "first_k_dense_replace"), layers)))
+    only = config.get("mlp_only_layers")
+    if isinstance(only, list):
+        dense |= {int(layer) for layer in only if isinstance(layer, int)}
+    step = _opt_int(config, "decoder_sparse_step", "moe_layer_freq") or 1
+    if step > 1:
+        dense |= {layer for layer in range(layers) if (layer + 1) % step}
+    return MoeShape(
+        num_experts=experts,
+        intermediate_size=_int({"moe_intermediate_size": per_expert}, "moe_intermediate_size"),
+        top_k=_opt_int(config, "num_experts_per_tok", "experts_per_token", "moe_topk") or 1,
+        shared_intermediate_size=shared,
+        shared_expert_gate=model_type == "qwen2_moe" and shared > 0,
+        dense_layers=frozenset(dense),
+        router_bias=model_type == "gpt_oss",
+        expert_bias=model_type == "gpt_oss",
+        score_bias=config.get("topk_method") == "noaux_tc",
+    )
+
+
+def _layer_windows(  # noqa: PLR0911  (one return per family rule reads best)
+    config: Mapping[str, Any], model_type: str, layers: int
+) -> tuple[int | None, ...]:
+    """Each layer's sliding window as vLLM 0.24 applies it (empty: full attention everywhere)."""
+    window = config.get("sliding_window")
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        return ()
+    types = config.get("layer_types")
+    if isinstance(types, list) and len(types) == layers:
+        return tuple(window if kind == "sliding_attention" else None for kind in types)
+    if model_type in {"gemma3_text", "gemma3"}:
+        pattern = _opt_int(config, "sliding_window_pattern") or 6
+        return tuple(None if (layer + 1) % pattern == 0 else window for layer in range(layers))
+    if model_type in {"gemma2", "cohere2"}:
+        return tuple(window if layer % 2 == 0 else None for layer in range(layers))
+    if model_type in {"mistral", "mixtral"} or (
+        config.get("use_sliding_window") and model_type not in {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"}
+    ):
+        return tuple(window for _ in range(layers))
+    if config.get("use_sliding_window"):
+        # Qwen2/Qwen3: layers from max_window_layers on use the window (as Hugging Face defines it).
+        start = _opt_int(config, "max_window_layers")
+        return tuple(window if layer >= start else None for layer in range(layers))
+    return ()
 
 
 def _refuse_unsupported(config: Mapping[str, Any]) -> None:
@@ -164,16 +353,10 @@ def _refuse_unsupported(config: Mapping[str, Any]) -> None:
             "config.json: text_config: found a multimodal model; expected a text-only decoder. "
             "Fix: the planner does not model vision towers yet; size this deployment by hand"
         )
-    for key in MOE_KEYS:
-        if config.get(key):
-            raise PlannerInputError(
-                f"config.json: {key}: found {config[key]!r}; expected a dense model. "
-                "Fix: the planner does not model mixture-of-experts layers yet; size this deployment by hand"
-            )
-    if config.get("kv_lora_rank"):
+    if config.get("num_nextn_predict_layers") and config.get("model_type") == "deepseek_v4":
         raise PlannerInputError(
-            "config.json: kv_lora_rank: found multi-head latent attention; expected standard attention. "
-            "Fix: the planner does not model MLA (DeepSeek-style) KV caches yet"
+            "config.json: model_type: found 'deepseek_v4'; expected a model the planner can size. "
+            "Fix: the planner does not model DeepSeek-V4's compressed sparse attention; size it by hand"
         )
 
 
@@ -220,7 +403,8 @@ def checkpoint_quantization(config: Mapping[str, Any]) -> str | None:
 
 def resolve_quantization(requested: str | None, config: Mapping[str, Any]) -> Quantization | None:
     """The quantization scheme in effect; raises PlannerInputError for methods the planner cannot model."""
-    name = (requested or checkpoint_quantization(config) or "").lower()
+    declared = checkpoint_quantization(config)
+    name = (requested or declared or "").lower()
     if not name:
         return None
     if name not in QUANTIZATION_ALIASES:
@@ -231,18 +415,74 @@ def resolve_quantization(requested: str | None, config: Mapping[str, Any]) -> Qu
         )
     method = QUANTIZATION_ALIASES[name]
     quant = config.get("quantization_config")
-    settings: Mapping[str, Any] = quant if isinstance(quant, dict) else {}
+    settings: Mapping[str, Any] = quant if isinstance(quant, dict) and declared else {}
+    skip = _skipped_modules(settings)
     if method == "bitsandbytes":
         bits = 8 if settings.get("load_in_8bit") else 4
         double = bool(settings.get("bnb_4bit_use_double_quant", True))
-        return Quantization(method, bits=bits, group_size=64, double_quant=double)
+        return Quantization(method, bits=bits, group_size=64, double_quant=double, skip=skip, source=name)
     if method == "fp8":
         block = settings.get("weight_block_size")
         block_shape = (int(block[0]), int(block[1])) if isinstance(block, list) and len(block) == 2 else None
-        return Quantization(method, bits=8, group_size=0, block=block_shape)
+        return Quantization(
+            method, bits=8, group_size=0, block=block_shape, online=declared is None, skip=skip, source=name
+        )
+    if method == "mxfp4":
+        return Quantization(method, bits=4, group_size=32, experts_only=True, skip=skip, source=name)
+    if method == "compressed-tensors":
+        return _compressed_tensors(settings, skip)
     bits = int(settings.get("bits", settings.get("w_bit", 4)))
     group = int(settings.get("group_size", settings.get("q_group_size", 128)))
-    return Quantization(method, bits=bits, group_size=group)
+    zero = bool(settings.get("zero_point", True)) if method == "awq" else not settings.get("sym", True)
+    return Quantization(method, bits=bits, group_size=group, zero_points=zero, skip=skip, source=name)
+
+
+def _skipped_modules(settings: Mapping[str, Any]) -> tuple[str, ...]:
+    found: list[str] = []
+    for key in ("modules_to_not_convert", "ignore", "ignored_layers", "llm_int8_skip_modules"):
+        value = settings.get(key)
+        if isinstance(value, list):
+            found += [str(item) for item in value]
+    return tuple(found)
+
+
+def _compressed_tensors(settings: Mapping[str, Any], skip: tuple[str, ...]) -> Quantization:
+    """compressed-tensors: the first config group's weight scheme decides the layout."""
+    groups = settings.get("config_groups")
+    weights: Mapping[str, Any] = {}
+    if isinstance(groups, dict):
+        for group in groups.values():
+            if isinstance(group, dict) and isinstance(group.get("weights"), dict):
+                weights = group["weights"]
+                break
+    bits = int(weights.get("num_bits", 8))
+    kind = str(weights.get("type", "int"))
+    strategy = str(weights.get("strategy", "tensor"))
+    group_size = int(weights.get("group_size") or 0)
+    if kind == "float" and bits == 8:
+        block = weights.get("block_structure")
+        block_shape = (int(block[0]), int(block[1])) if isinstance(block, list) and len(block) == 2 else None
+        return Quantization(
+            "fp8",
+            bits=8,
+            group_size=0,
+            block=block_shape,
+            per_channel=strategy == "channel",
+            skip=skip,
+            source="compressed-tensors",
+        )
+    if bits == 8 and strategy in {"channel", "tensor"}:
+        return Quantization(
+            "int8", bits=8, group_size=0, per_channel=True, skip=skip, source="compressed-tensors"
+        )
+    return Quantization(
+        "gptq",
+        bits=bits,
+        group_size=group_size if strategy == "group" else 0,
+        zero_points=not bool(weights.get("symmetric", True)),
+        skip=skip,
+        source="compressed-tensors",
+    )
 
 
 def derive_max_model_len(config: Mapping[str, Any]) -> DerivedMaxLen:
@@ -287,12 +527,28 @@ def heads_per_rank(arch: ModelArch, tp: int) -> tuple[int, int]:
     return math.ceil(arch.num_heads / tp), max(1, math.ceil(arch.num_kv_heads / tp))
 
 
-def layer_params(arch: ModelArch, tp: int) -> list[Param]:
-    """One decoder layer's parameters on one rank, in vLLM's registration order."""
+def _attention_params(arch: ModelArch, tp: int) -> list[Param]:
     q_heads, kv_heads = heads_per_rank(arch, tp)
-    qkv_out = (q_heads + 2 * kv_heads) * arch.head_dim
-    inter = math.ceil(arch.intermediate_size / tp)
     hidden = arch.hidden_size
+    if arch.mla is not None:
+        mla = arch.mla
+        q_out = q_heads * (mla.qk_nope_head_dim + mla.qk_rope_head_dim)
+        if mla.q_lora_rank:
+            params = [
+                Param("q_a_proj.weight", mla.q_lora_rank, hidden),
+                Param("q_a_layernorm.weight", mla.q_lora_rank),
+                Param("q_b_proj.weight", q_out, mla.q_lora_rank),
+            ]
+        else:
+            params = [Param("q_proj.weight", q_out, hidden)]
+        return [
+            *params,
+            Param("kv_a_proj_with_mqa.weight", mla.latent_dim, hidden),  # replicated on every rank
+            Param("kv_a_layernorm.weight", mla.kv_lora_rank),
+            Param("kv_b_proj.weight", q_heads * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank),
+            Param("o_proj.weight", hidden, q_heads * mla.v_head_dim),
+        ]
+    qkv_out = (q_heads + 2 * kv_heads) * arch.head_dim
     params = [Param("qkv_proj.weight", qkv_out, hidden, shards=3)]
     if arch.qkv_bias:
         params.append(Param("qkv_proj.bias", qkv_out))
@@ -301,39 +557,118 @@ def layer_params(arch: ModelArch, tp: int) -> list[Param]:
         params.append(Param("o_proj.bias", hidden))
     if arch.qk_norm:
         params += [Param("q_norm.weight", arch.head_dim), Param("k_norm.weight", arch.head_dim)]
-    params.append(Param("gate_up_proj.weight", 2 * inter, hidden, shards=2))
-    if arch.mlp_bias:
-        params.append(Param("gate_up_proj.bias", 2 * inter))
-    params.append(Param("down_proj.weight", hidden, inter))
-    if arch.mlp_bias:
-        params.append(Param("down_proj.bias", hidden))
-    params += [Param("input_layernorm.weight", hidden), Param("post_attention_layernorm.weight", hidden)]
+    if arch.attention_sinks:
+        params.append(Param("sinks", q_heads, dtype_bytes=4))
     return params
+
+
+def _dense_mlp(arch: ModelArch, intermediate: int, tp: int, prefix: str = "") -> list[Param]:
+    inter = math.ceil(intermediate / tp)
+    hidden = arch.hidden_size
+    params = [Param(f"{prefix}gate_up_proj.weight", 2 * inter, hidden, shards=2)]
+    if arch.mlp_bias:
+        params.append(Param(f"{prefix}gate_up_proj.bias", 2 * inter))
+    params.append(Param(f"{prefix}down_proj.weight", hidden, inter))
+    if arch.mlp_bias:
+        params.append(Param(f"{prefix}down_proj.bias", hidden))
+    return params
+
+
+def local_experts(moe: MoeShape, par: Parallelism) -> int:
+    """Experts on the busiest rank: all of them, or an equal share with expert parallelism."""
+    return math.ceil(moe.num_experts / par.ep)
+
+
+def _moe_mlp(arch: ModelArch, moe: MoeShape, par: Parallelism) -> list[Param]:
+    hidden = arch.hidden_size
+    experts = local_experts(moe, par)
+    # Expert parallelism keeps each expert whole; otherwise every rank holds a slice of every expert.
+    inter = moe.intermediate_size if par.ep > 1 else math.ceil(moe.intermediate_size / par.tp)
+    params = [Param("gate.weight", moe.num_experts, hidden, quantizable=False)]
+    if moe.router_bias:
+        params.append(Param("gate.bias", moe.num_experts, quantizable=False))
+    if moe.score_bias:
+        params.append(
+            Param("gate.e_score_correction_bias", moe.num_experts, quantizable=False, dtype_bytes=4)
+        )
+    params += [
+        Param("experts.w13_weight", 2 * inter, hidden, shards=2, copies=experts),
+        Param("experts.w2_weight", hidden, inter, copies=experts),
+    ]
+    if moe.expert_bias:
+        params += [
+            Param("experts.w13_bias", 2 * inter, copies=experts),
+            Param("experts.w2_bias", hidden, copies=experts),
+        ]
+    if moe.shared_intermediate_size:
+        params += _dense_mlp(arch, moe.shared_intermediate_size, par.tp, prefix="shared_expert.")
+    if moe.shared_expert_gate:
+        params.append(Param("shared_expert_gate.weight", 1, hidden, quantizable=False))
+    return params
+
+
+def layer_params(arch: ModelArch, tp: int | Parallelism, layer: int = 0) -> list[Param]:
+    """Decoder layer ``layer``'s parameters on one rank, in vLLM's registration order."""
+    par = tp if isinstance(tp, Parallelism) else Parallelism(tp)
+    params = _attention_params(arch, par.tp)
+    if arch.moe is not None and arch.is_moe_layer(layer):
+        params += _moe_mlp(arch, arch.moe, par)
+    else:
+        params += _dense_mlp(arch, arch.intermediate_size, par.tp)
+    norms = (
+        "input_layernorm",
+        "post_attention_layernorm",
+        "pre_feedforward_layernorm",
+        "post_feedforward_layernorm",
+    )
+    params += [Param(f"{name}.weight", arch.hidden_size) for name in norms[: arch.norms_per_layer]]
+    return params
+
+
+def _is_quantized(param: Param, quant: Quantization) -> bool:
+    if not param.is_linear or not param.quantizable:
+        return False
+    if quant.experts_only and param.copies == 1 and not param.name.startswith("experts."):
+        return False
+    module = param.name.rsplit(".", 1)[0]
+    return not any(skip.rsplit(".", 1)[-1] in {module, module.split(".")[-1]} for skip in quant.skip)
 
 
 def param_bytes(param: Param, dtype_bytes: int, quant: Quantization | None) -> tuple[int, int]:
     """(bytes of the parameter tensors, bytes of quantization state kept beside them on the GPU)."""
-    if not param.is_linear or quant is None:
+    element = param.dtype_bytes or dtype_bytes
+    if quant is None or not _is_quantized(param, quant):
         numel = param.out_features * max(param.in_features, 1)
-        return numel * dtype_bytes, 0
-    numel = param.out_features * param.in_features
+        return numel * element * param.copies, 0
+    tensor, state = _quantized_matrix_bytes(param, quant)
+    return tensor * param.copies, state * param.copies
+
+
+def _quantized_matrix_bytes(param: Param, quant: Quantization) -> tuple[int, int]:  # noqa: PLR0911
+    out, in_ = param.out_features, param.in_features
+    numel = out * in_
     if quant.method == "bitsandbytes":
         if quant.bits == 8:
-            return numel, param.out_features * 4  # int8 weight + one fp32 scale per row
+            return numel, out * 4  # int8 weight + one fp32 scale per row
         blocks = math.ceil(numel / quant.group_size)
         absmax = blocks + math.ceil(blocks / 256) * 4 if quant.double_quant else blocks * 4
         return math.ceil(numel / 2), absmax  # two 4-bit values per byte; quant state is not a parameter
     if quant.method == "fp8":
-        if quant.block is None:
-            return numel + 4 * param.shards + 4, 0  # per-tensor weight scales + input scale (fp32)
-        rows, cols = quant.block
-        return numel + math.ceil(param.out_features / rows) * math.ceil(param.in_features / cols) * 4, 0
-    groups = math.ceil(param.in_features / quant.group_size) if quant.group_size > 0 else 1
+        if quant.block is not None:
+            rows, cols = quant.block
+            return numel + math.ceil(out / rows) * math.ceil(in_ / cols) * 4, 0
+        if quant.per_channel:
+            return numel + out * 4, 0
+        return numel + 4 * param.shards + (0 if quant.online else 4), 0  # per-tensor scales (+ input scale)
+    if quant.method == "int8":
+        return numel + out * 4, 0
+    if quant.method == "mxfp4":
+        return math.ceil(numel / 2) + math.ceil(numel / 32), 0  # e2m1 pairs + one e8m0 scale per 32
+    groups = math.ceil(in_ / quant.group_size) if quant.group_size > 0 else 1
     packed = math.ceil(numel * quant.bits / 8)
-    zeros = math.ceil(groups * param.out_features * quant.bits / 8)
-    scales = groups * param.out_features * 2  # fp16 scales
-    g_idx = param.in_features * 4 if quant.method == "gptq" else 0
-    return packed + zeros + scales + g_idx, 0
+    zeros = math.ceil(groups * out * quant.bits / 8) if quant.zero_points else 0
+    scales = groups * out * 2  # fp16 scales
+    return packed + zeros + scales, 0
 
 
 def vocab_per_rank(arch: ModelArch, tp: int) -> int:
@@ -342,17 +677,34 @@ def vocab_per_rank(arch: ModelArch, tp: int) -> int:
     return math.ceil(padded / tp)
 
 
-def kv_bytes_per_token(arch: ModelArch, layers: int, tp: int, kv_dtype_bytes: int) -> int:
-    """2 (K and V) x layers on this GPU x KV heads per rank x head_dim x bytes per element."""
+def kv_bytes_per_token_layer(arch: ModelArch, tp: int, kv_dtype_bytes: int) -> int:
+    """KV-cache bytes one token takes in one attention layer on one rank."""
+    if arch.mla is not None:
+        return arch.mla.latent_dim * kv_dtype_bytes  # one latent, whole on every rank
     _, kv_heads = heads_per_rank(arch, tp)
-    return 2 * layers * kv_heads * arch.head_dim * kv_dtype_bytes
+    return 2 * kv_heads * arch.head_dim * kv_dtype_bytes
+
+
+def kv_bytes_per_token(arch: ModelArch, layers: int, tp: int, kv_dtype_bytes: int) -> int:
+    """Bytes per token of ``layers`` full-attention layers on one GPU: K and V per KV head per rank
+    (``2 x layers x KV heads per rank x head_dim x bytes``), or the MLA latent (``layers x (kv_lora_rank +
+    qk_rope_head_dim) x bytes``)."""
+    return layers * kv_bytes_per_token_layer(arch, tp, kv_dtype_bytes)
 
 
 def iter_layer_bytes(
-    arch: ModelArch, tp: int, layers: int, dtype_bytes: int, quant: Quantization | None
+    arch: ModelArch,
+    tp: int | Parallelism,
+    layers: int | Sequence[int],
+    dtype_bytes: int,
+    quant: Quantization | None,
 ) -> Iterator[tuple[int, int, int]]:
     """(layer index on this GPU, parameter bytes, quant-state bytes) per parameter, in load order."""
-    params = [param_bytes(param, dtype_bytes, quant) for param in layer_params(arch, tp)]
-    for layer in range(layers):
-        for tensor, state in params:
-            yield layer, tensor, state
+    indices = range(layers) if isinstance(layers, int) else layers
+    cache: dict[bool, list[tuple[int, int]]] = {}
+    for position, layer in enumerate(indices):
+        kind = arch.is_moe_layer(layer)
+        if kind not in cache:
+            cache[kind] = [param_bytes(param, dtype_bytes, quant) for param in layer_params(arch, tp, layer)]
+        for tensor, state in cache[kind]:
+            yield position, tensor, state

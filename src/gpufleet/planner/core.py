@@ -46,7 +46,6 @@ from gpufleet.planner.arch import (
     PlannerInputError,
     checkpoint_quantization,
     derive_max_model_len,
-    kv_bytes_per_token,
     parse_arch,
     pp_layer_split,
     resolve_dtype,
@@ -58,8 +57,10 @@ from gpufleet.planner.estimates import (
     activation_peak_bytes,
     cuda_graph_bytes,
     default_batching,
+    model_runner,
     non_torch_bytes,
 )
+from gpufleet.planner.kvcache import kv_layout
 from gpufleet.planner.model import (
     GpuDevice,
     KvCapacity,
@@ -139,7 +140,17 @@ def plan_stage(context: PlanContext, rank: int, bounds: tuple[int, int]) -> Stag
     request, arch = context.request, context.arch
     tp, pp = request.tensor_parallel_size, request.pipeline_parallel_size
     layers = bounds[1] - bounds[0]
-    shape = StageShape(tp, rank, pp, layers, context.dtype_bytes, rotary_positions=context.derived.value)
+    runner = model_runner(arch)
+    shape = StageShape(
+        tp,
+        rank,
+        pp,
+        layers,
+        context.dtype_bytes,
+        rotary_positions=context.derived.value,
+        first_layer=bounds[0],
+        expert_parallel=request.enable_expert_parallel,
+    )
     weights = stage_weights(arch, shape, context.quant, request.cpu_offload_gb)
     activation = activation_peak_bytes(
         arch,
@@ -148,16 +159,17 @@ def plan_stage(context: PlanContext, rank: int, bounds: tuple[int, int]) -> Stag
         context.dtype_bytes,
         last_stage=rank == pp - 1,
         staging=weights.largest_offloaded_layer_bytes,
+        runner=runner,
     )
     non_torch = non_torch_bytes(context.world_size)
-    graphs = cuda_graph_bytes(arch, layers, context.batching[1], context.dtype_bytes, request.enforce_eager)
+    graphs = cuda_graph_bytes(arch, layers, request.enforce_eager, runner)
     if request.kv_cache_memory_gib is not None:
         kv = int(request.kv_cache_memory_gib * GIB)
     else:
         requested = int(context.gpu.memory_gib * request.gpu_memory_utilization * GIB)
         kv = requested - weights.total_bytes - activation - non_torch - graphs
-    per_token = kv_bytes_per_token(arch, layers, tp, context.kv_dtype_bytes)
-    capacity = kv_cache_capacity(kv, per_token, request.block_size, context.max_model_len)
+    layout = kv_layout(arch, range(*bounds), tp, context.kv_dtype_bytes, request.block_size)
+    blocks = layout.blocks(kv)
     return StagePlan(
         pipeline_rank=rank,
         first_layer=bounds[0],
@@ -171,9 +183,9 @@ def plan_stage(context: PlanContext, rank: int, bounds: tuple[int, int]) -> Stag
         activation_peak_gib=_gib(activation),
         non_torch_gib=_gib(non_torch),
         cuda_graph_gib=_gib(graphs),
-        kv_bytes_per_token=per_token,
+        kv_bytes_per_token=layout.bytes_per_token,
         kv_cache_gib=_gib(max(kv, 0)),
-        kv_cache_blocks=capacity.blocks,
+        kv_cache_blocks=blocks,
     )
 
 
@@ -187,7 +199,16 @@ def plan(request: PlanRequest) -> Plan:
     # A stage without layers holds no KV cache (and is an error of its own).
     candidates = [stage for stage in stages if stage.end_layer > stage.first_layer] or stages
     deciding = min(candidates, key=lambda stage: (stage.kv_cache_blocks, -stage.weights_gib))
-    tokens = deciding.kv_cache_blocks * request.block_size
+    layout = kv_layout(
+        context.arch,
+        range(deciding.first_layer, deciding.end_layer),
+        request.tensor_parallel_size,
+        context.kv_dtype_bytes,
+        request.block_size,
+    )
+    tokens, concurrency = layout.capacity(
+        deciding.kv_cache_blocks, context.max_model_len, context.batching[0]
+    )
     kv_errors, kv_warnings = check_kv_cache(context, deciding, tokens)
     estimated = list(ALWAYS_ESTIMATED)
     if request.kv_cache_memory_gib is None:
@@ -217,7 +238,9 @@ def plan(request: PlanRequest) -> Plan:
         kv_cache_gib_per_gpu=deciding.kv_cache_gib,
         kv_cache_blocks=deciding.kv_cache_blocks,
         kv_cache_tokens=tokens,
-        max_concurrency=tokens / context.max_model_len,
+        max_concurrency=concurrency,
+        model_runner=model_runner(context.arch),
+        kv_cache_groups=len(layout.windows),
         estimated=estimated,
         deciding_stage=deciding.pipeline_rank,
         stages=stages,

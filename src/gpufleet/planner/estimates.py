@@ -1,53 +1,64 @@
-"""Estimates of what vLLM measures at start-up: activation peak, non-torch memory, CUDA-graph memory.
+"""Estimates of what vLLM 0.24 measures at start-up: activation peak, non-torch memory, CUDA-graph memory.
 
-vLLM measures these in a profiling pass, so the planner can only estimate them. The formulas are simple,
-tied to the quantities that drive them, and calibrated on the shared cases (``tests/data/planner_cases.yml``):
+vLLM measures these in its profile run (``gpu_worker.determine_available_memory``), so the planner can only
+estimate them. The terms follow what that run does; their constants were fitted on the calibration
+start-ups (``tests/unit/test_planner_vllm024.py`` lists which, and checks the validation start-ups):
 
-Activation peak (per GPU), in bytes::
+Which model runner (vLLM 0.24 ``VllmConfig.use_v2_model_runner``): V2 for the architectures in
+``DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES`` (Qwen3, Llama, Mistral, DeepSeek-V2, Qwen2-MoE, GraniteMoE), V1
+for all others (Qwen2, Qwen3-MoE, Mixtral, Gemma, gpt-oss, ...).
 
-    max_num_batched_tokens x dtype_bytes x (4 x hidden + qkv_out/TP + 3 x intermediate/TP)   (forward)
-  + min(max_num_seqs, max_num_batched_tokens) x vocab x 14        (sampler; last pipeline stage only)
-  + the largest layer's offloaded bytes                           (cpu_offload_gb copies a layer back)
+Activation peak (torch peak increase of ``profile_run``: a ``max_num_batched_tokens`` dummy batch, then
+the sampler on ``max_num_seqs`` rows of logits with top-k/top-p and a seeded generator)::
 
-The forward term counts the hidden-size tensors alive in a layer (residual, normed input, attention
-output, MLP output), the fused QKV output and the gate/up output plus the activated half. It predicts
-0.079 GiB for Qwen2.5-1.5B, TP=2, 2048 tokens, where rank 1 of vLLM 0.7.2 measured 0.09 GiB (rank 1 runs
-no sampler). The sampler term counts the logits in the model dtype (2 bytes), their float32 copy, the
-float32 probabilities and the float32 exponential noise of random sampling (3 x 4 bytes). It is
-conservative by design: vLLM 0.24's V1 runner measured 2.17 GiB for Qwen2.5-1.5B (predicted 2.56), its
-V2 runner 1.29 GiB for Qwen3-8B (predicted 2.93); vLLM 0.7.2's V0 sampler, which sorts for top-p/top-k,
-measured 1.39 GiB on rank 0 (predicted 0.59).
+    V1:  C_V1 + max_num_seqs x vocab x SAMPLER_V1 + moe_workspace
+    V2:  C_V2 + max(max_num_seqs x vocab x SAMPLER_V2, moe_workspace)
+    moe_workspace = max_num_batched_tokens x top_k x (2 x moe_intermediate/TP + hidden) x dtype_bytes
 
-Non-torch memory: 0.25 GiB per GPU (vLLM 0.24 measured 0.22-0.23 GiB on one H100), plus 0.35 GiB when
-the deployment spans several GPUs, for NCCL and custom all-reduce buffers (vLLM 0.7.2, TP=2: 0.37-0.40 GiB;
-vLLM 0.8.5 counted the CUDA context too, about 1 GiB more with TP=2).
+The sampler's float32 logits, their sorted copy and indices, probabilities and noise dominate; the dense
+forward pass of an 8192-token batch is piecewise-compiled and stays small (C), so the peak does not grow
+with the model's size (Qwen2.5 1.5B, 7B and 32B measured 2.17, 2.2 and 2.23 GiB). The fused-MoE
+intermediate caches (gate/up output per routed token and the down output) add ``moe_workspace``.
 
-CUDA-graph memory: 0 with ``enforce_eager``; otherwise
-``layers_on_gpu x min(512, 2 x max_num_seqs) x hidden x dtype_bytes x 9`` (the largest captured batch's
-hidden-size buffers, about nine per layer). Qwen2.5-1.5B: 0.37 GiB predicted, 0.39 GiB estimated and 0.42
-GiB taken by vLLM 0.24; Qwen3-8B: 1.27 GiB predicted, 1.00 GiB taken. Newer vLLM (V1 runner) subtracts
-its estimate from the KV budget; older engines and the V2 runner capture the graphs above the budget.
-The planner always subtracts it: the memory is used either way.
+CUDA-graph memory (subtracted from the KV budget by the V1 runner only: ``profile_cudagraph_memory``
+returns 0 in the V2 runner, and nothing is captured with ``enforce_eager``)::
+
+    GRAPH_BASE + layers_on_gpu x hidden x GRAPH_PER_LAYER_HIDDEN
+
+Non-torch memory: NON_TORCH_GIB per GPU (CUDA context and cuBLAS workspaces; 0.22-0.24 GiB on every
+H100 start-up), plus COLLECTIVES_GIB with several GPUs for NCCL and custom all-reduce buffers (measured
+on vLLM 0.7.2 with TP=2: 0.37-0.40 GiB in all; no multi-GPU start-up of 0.24 was measured).
 
 Batching defaults follow ``vllm serve`` (V1, chunked prefill): 8192 batched tokens and 1024 sequences on
 GPUs with at least 70 GiB other than the A100, 2048 and 256 elsewhere.
-
-With these, the KV cache predicted for the shared cases lies between -6 % and +8 % of what vLLM reported
-(the table is in :mod:`gpufleet.planner.core`'s docstring); the tests hold it to 12 %.
 """
 
 from __future__ import annotations
 
 import math
 
-from gpufleet.planner.arch import GIB, ModelArch, heads_per_rank
+from gpufleet.planner.arch import GIB, ModelArch
 
-NON_TORCH_GIB = 0.25
-COLLECTIVES_GIB = 0.35
-LOGIT_BYTES = 14  # model-dtype logits + float32 logits, probabilities and sampling noise
-GRAPH_BUFFERS_PER_LAYER = 9
-GRAPH_MAX_CAPTURE = 512
+# Fitted on the calibration start-ups (see the module docstring); GiB or bytes per element.
+C_V1_GIB = 0.26
+SAMPLER_V1 = 13.7  # bytes per logit element (max_num_seqs x vocab)
+C_V2_GIB = 0.19
+SAMPLER_V2 = 7.5
+GRAPH_BASE_GIB = 0.34
+GRAPH_PER_LAYER_HIDDEN = 1830  # bytes per layer per hidden unit
+NON_TORCH_GIB = 0.23
+COLLECTIVES_GIB = 0.35  # vLLM 0.7.2, TP=2 (rank totals 0.37-0.40 GiB); not re-measured on 0.24
 LARGE_GPU_GIB = 70
+V2_RUNNER_ARCHITECTURES = frozenset(
+    {
+        "Qwen3ForCausalLM",
+        "DeepseekV2ForCausalLM",
+        "Qwen2MoeForCausalLM",
+        "GraniteMoeForCausalLM",
+        "LlamaForCausalLM",
+        "MistralForCausalLM",
+    }
+)
 
 
 def default_batching(gpu_name: str, gpu_memory_gib: float) -> tuple[int, int]:
@@ -57,27 +68,42 @@ def default_batching(gpu_name: str, gpu_memory_gib: float) -> tuple[int, int]:
     return 2048, 256
 
 
-def forward_activation_bytes(arch: ModelArch, tp: int, tokens: int, dtype_bytes: int) -> int:
-    q_heads, kv_heads = heads_per_rank(arch, tp)
-    qkv_out = (q_heads + 2 * kv_heads) * arch.head_dim
-    inter = math.ceil(arch.intermediate_size / tp)
-    return tokens * dtype_bytes * (4 * arch.hidden_size + qkv_out + 3 * inter)
+def model_runner(arch: ModelArch) -> str:
+    """``v2`` or ``v1``: the model runner vLLM 0.24 picks for this architecture by default."""
+    return "v2" if arch.architecture in V2_RUNNER_ARCHITECTURES else "v1"
 
 
-def sampler_activation_bytes(arch: ModelArch, tokens: int, max_num_seqs: int) -> int:
-    # Every TP rank gathers the full vocabulary's logits for one row per sequence.
-    return min(max_num_seqs, tokens) * arch.vocab_size * LOGIT_BYTES
+def moe_workspace_bytes(arch: ModelArch, tp: int, tokens: int, dtype_bytes: int) -> int:
+    """Fused-MoE intermediate caches for a batch of ``tokens``: gate/up output and down output per route."""
+    if arch.moe is None:
+        return 0
+    inter = math.ceil(arch.moe.intermediate_size / tp)
+    return tokens * arch.moe.top_k * (2 * inter + arch.hidden_size) * dtype_bytes
+
+
+def sampler_activation_bytes(arch: ModelArch, max_num_seqs: int, runner: str) -> int:
+    per_element = SAMPLER_V2 if runner == "v2" else SAMPLER_V1
+    return int(max_num_seqs * arch.vocab_size * per_element)
 
 
 def activation_peak_bytes(
-    arch: ModelArch, tp: int, batching: tuple[int, int], dtype_bytes: int, *, last_stage: bool, staging: int
+    arch: ModelArch,
+    tp: int,
+    batching: tuple[int, int],
+    dtype_bytes: int,
+    *,
+    last_stage: bool,
+    staging: int,
+    runner: str | None = None,
 ) -> int:
     """Estimated torch activation peak on one GPU while vLLM profiles its largest batch."""
     tokens, max_num_seqs = batching
-    total = forward_activation_bytes(arch, tp, tokens, dtype_bytes) + staging
-    if last_stage:
-        total += sampler_activation_bytes(arch, tokens, max_num_seqs)
-    return total
+    runner = runner or model_runner(arch)
+    moe = moe_workspace_bytes(arch, tp, tokens, dtype_bytes)
+    sampler = sampler_activation_bytes(arch, min(max_num_seqs, tokens), runner) if last_stage else 0
+    if runner == "v2":
+        return int(C_V2_GIB * GIB) + max(sampler, moe) + staging
+    return int(C_V1_GIB * GIB) + sampler + moe + staging
 
 
 def non_torch_bytes(world_size: int) -> int:
@@ -86,11 +112,8 @@ def non_torch_bytes(world_size: int) -> int:
     return int(gib * GIB)
 
 
-def cuda_graph_bytes(
-    arch: ModelArch, layers: int, max_num_seqs: int, dtype_bytes: int, enforce_eager: bool
-) -> int:
-    """Estimated CUDA-graph memory on one GPU (0 with enforce_eager)."""
-    if enforce_eager or layers == 0:
+def cuda_graph_bytes(arch: ModelArch, layers: int, enforce_eager: bool, runner: str | None = None) -> int:
+    """The CUDA-graph estimate vLLM subtracts from the KV budget on one GPU (V1 runner only)."""
+    if enforce_eager or layers == 0 or (runner or model_runner(arch)) == "v2":
         return 0
-    capture = min(GRAPH_MAX_CAPTURE, 2 * max_num_seqs)
-    return layers * capture * arch.hidden_size * dtype_bytes * GRAPH_BUFFERS_PER_LAYER
+    return int(GRAPH_BASE_GIB * GIB) + layers * arch.hidden_size * GRAPH_PER_LAYER_HIDDEN

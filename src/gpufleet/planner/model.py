@@ -43,6 +43,7 @@ class PlanRequest(BaseModel):
     max_num_seqs: int | None = Field(default=None, ge=1)
     kv_cache_memory_gib: float | None = Field(default=None, gt=0)
     enforce_eager: bool = False
+    enable_expert_parallel: bool = False
 
 
 class StagePlan(BaseModel):
@@ -97,6 +98,8 @@ class Plan(BaseModel):
     kv_cache_blocks: int
     kv_cache_tokens: int
     max_concurrency: float
+    model_runner: str  # "v1" or "v2": vLLM 0.24's model runner for this architecture
+    kv_cache_groups: int  # vLLM's KV-cache groups (more than one with sliding-window layers)
     estimated: list[str]
     deciding_stage: int
     stages: list[StagePlan]

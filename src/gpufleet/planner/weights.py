@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpufleet.planner.arch import GIB, ModelArch, Quantization, iter_layer_bytes, vocab_per_rank
+from gpufleet.planner.arch import GIB, ModelArch, Parallelism, Quantization, iter_layer_bytes, vocab_per_rank
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,16 @@ class StageShape:
     layers: int
     dtype_bytes: int
     rotary_positions: int
+    first_layer: int = 0
+    expert_parallel: bool = False
+
+    @property
+    def parallelism(self) -> Parallelism:
+        return Parallelism(self.tp, expert_parallel=self.expert_parallel)
+
+    @property
+    def layer_indices(self) -> range:
+        return range(self.first_layer, self.first_layer + self.layers)
 
 
 def stage_weights(
@@ -54,7 +64,7 @@ def stage_weights(
     has_lm_head = is_last and not arch.tie_embeddings
     other = arch.hidden_size * shape.dtype_bytes if is_last else 0
     if shape.layers:
-        other += shape.rotary_positions * arch.rotary_dim * shape.dtype_bytes
+        other += arch.rotary_caches * shape.rotary_positions * arch.rotary_dim * shape.dtype_bytes
     on_gpu, offloaded, largest = _offload_layers(arch, shape, quant, int(cpu_offload_gb * GIB))
     return StageWeights(
         embedding_bytes=table_bytes if has_embedding else 0,
@@ -72,7 +82,9 @@ def _offload_layers(
     """(bytes left on the GPU, bytes offloaded, most bytes offloaded from a single layer)."""
     on_gpu = offloaded = 0
     per_layer: dict[int, int] = {}
-    for layer, tensor, state in iter_layer_bytes(arch, shape.tp, shape.layers, shape.dtype_bytes, quant):
+    for layer, tensor, state in iter_layer_bytes(
+        arch, shape.parallelism, shape.layer_indices, shape.dtype_bytes, quant
+    ):
         on_gpu += state
         if offloaded < budget:
             offloaded += tensor
