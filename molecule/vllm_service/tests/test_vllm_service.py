@@ -9,11 +9,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import testinfra.utils.ansible_runner
+from conftest import group_hosts
 
-testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(
-    os.environ["MOLECULE_INVENTORY_FILE"]
-).get_hosts("gpu_nodes")
+# With the ray executor vLLM serves on the head only; the workers are Ray's (molecule/ray_cluster).
+testinfra_hosts = group_hosts("ray_head", 1)
 
 KEY_FILE = Path(
     os.environ.get("GPUFLEET_TEST_API_KEY_FILE")
@@ -25,13 +24,6 @@ CHAT = {
     "temperature": 0,
     "max_tokens": 16,
 }
-
-
-@pytest.fixture(autouse=True)
-def only_the_head(host) -> None:
-    """Molecule's verifier runs every test on every host; vLLM serves on the head only (ray executor)."""
-    if "ray_head" not in host.ansible.get_variables()["group_names"]:
-        pytest.skip("vLLM serves on the head")
 
 
 def api(host, path: str, body: dict | None = None, key: str | None = None) -> tuple[int, dict]:
@@ -61,6 +53,11 @@ def test_vllm_unit_is_running_and_enabled(host) -> None:
     unit = host.service("gpufleet-vllm")
     assert unit.is_running
     assert unit.is_enabled
+
+
+def test_vllm_unit_was_verified_by_systemd(host) -> None:
+    """The unit was written through validate: (systemd-analyze verify); it verifies on the host as written."""
+    assert host.run("systemd-analyze verify /etc/systemd/system/gpufleet-vllm.service").rc == 0
 
 
 def test_the_api_listens_on_the_cluster_address_only(host) -> None:
