@@ -155,20 +155,26 @@ def test_blocks_from_measured_kv_memory_match_vllm(case: dict[str, Any]) -> None
     assert abs(capacity.blocks - case["measured"]["kv_cache_blocks"]) <= allowed
 
 
+def hand_kv_bytes_per_token(case: dict[str, Any]) -> int:
+    """2 (K, V) x layers x KV heads per rank x head_dim x 2 bytes, from config.json by hand (PP = 1 cases)."""
+    config = _case_config(case)
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    kv_heads = max(1, config["num_key_value_heads"] // case.get("tensor_parallel_size", 1))
+    return 2 * config["num_hidden_layers"] * kv_heads * head_dim * 2
+
+
 @pytest.mark.parametrize("case", cases_with("max_concurrency"))
 def test_concurrency_from_measured_kv_cache_is_exact(case: dict[str, Any]) -> None:
-    result = plan(request_for(case))
+    # The planner's own answer, given the KV memory that holds exactly the tokens vLLM printed (bytes per
+    # token computed by hand, not by the planner): a wrong kv_bytes_per_token changes the tokens.
     tokens = measured_tokens(case)
-    block_size = case.get("block_size", 16)
-    capacity = kv_cache_capacity(
-        tokens * result.kv_bytes_per_token_per_gpu,
-        result.kv_bytes_per_token_per_gpu,
-        block_size,
-        case["max_model_len"],
-    )
-    assert capacity.tokens == tokens
+    memory = tokens * hand_kv_bytes_per_token(case) / GIB
+    result = plan(request_for(case, kv_cache_memory_gib=memory))
+    assert result.kv_bytes_per_token_per_gpu == hand_kv_bytes_per_token(case)
+    assert result.kv_cache_tokens == tokens
     # vLLM prints "Maximum concurrency ... %.2fx": the same formatting must give the same digits.
-    assert f"{capacity.max_concurrency:.2f}" == f"{case['measured']['max_concurrency']:.2f}"
+    assert f"{result.max_concurrency:.2f}" == f"{case['measured']['max_concurrency']:.2f}"
 
 
 @pytest.mark.parametrize("case", cases_with("gpu_total_gib", "gpu_memory_utilization", "max_concurrency"))
@@ -586,3 +592,128 @@ def test_json_dict_holds_the_contract_keys() -> None:
 def test_request_rejects_unknown_fields() -> None:
     with pytest.raises(ValueError, match="extra"):
         PlanRequest(hf_config=llama(), gpus=(GpuDevice(name="H100", memory_gib=80),), tp=2)  # type: ignore[call-arg]
+
+
+# --- Architectures beyond dense decoders: hand-computed figures --------------------------------------
+
+MODELS = Path(__file__).resolve().parent / "data" / "planner_models"
+
+
+def model(name: str) -> dict[str, Any]:
+    return load_model_config(MODELS / name)
+
+
+def test_moe_without_shared_experts_weights_and_kv() -> None:
+    # Qwen3-30B-A3B, one layer: qkv (32 + 2 x 4) x 128 x 2048, o 2048 x 4096, q/k norms 2 x 128, router
+    # 128 x 2048, experts 128 x (2 x 768 x 2048 + 2048 x 768), two norms 2 x 2048.
+    layer = 40 * 128 * 2048 + 2048 * 4096 + 256 + 128 * 2048 + 128 * 3 * 768 * 2048 + 2 * 2048
+    tables = 2 * 151936 * 2048  # embedding and lm_head (151936 is a multiple of 64)
+    rotary = 40960 * 128
+    expected = (48 * layer + tables + 2048 + rotary) * 2
+    result = plan_for(model("Qwen3-30B-A3B"), max_model_len=8192)
+    assert result.weights_gib_per_gpu * GIB == expected
+    assert result.kv_bytes_per_token_per_gpu == 2 * 48 * 4 * 128 * 2
+
+
+def test_moe_expert_parallel_spreads_whole_experts() -> None:
+    config = model("Qwen3-30B-A3B")
+    tp = plan_for(config, memory_gib=200, tensor_parallel_size=2, max_model_len=8192)
+    ep = plan_for(
+        config, memory_gib=200, tensor_parallel_size=2, max_model_len=8192, enable_expert_parallel=True
+    )
+    # Either way each rank holds half of every expert's bytes (64 whole experts, or a half of 128).
+    assert ep.weights_gib_per_gpu == pytest.approx(tp.weights_gib_per_gpu, rel=1e-9)
+    assert ep.weights_gib_per_gpu < plan_for(config, max_model_len=8192).weights_gib_per_gpu * 0.55
+
+
+def test_moe_shared_experts_and_their_gate() -> None:
+    config = model("Qwen1.5-MoE-A2.7B")
+    without = dict(config, shared_expert_intermediate_size=0)
+    # shared expert (gate_up 2 x 5632 x 2048 + down 2048 x 5632) + its 1 x 2048 gate, x 24 layers, bf16.
+    extra = 24 * (3 * 5632 * 2048 + 2048) * 2
+    difference = plan_for(config).weights_gib_per_gpu - plan_for(without).weights_gib_per_gpu
+    assert difference * GIB == pytest.approx(extra)
+
+
+def test_moe_first_dense_layers_use_the_dense_mlp() -> None:
+    config = model("DeepSeek-V2-Lite")
+    all_moe = dict(config, first_k_dense_replace=0)
+    # Layer 0: dense MLP (3 x 10944 x 2048) instead of router (64 x 2048) + 64 experts (3 x 1408 x 2048)
+    # + shared experts (3 x 2816 x 2048).
+    dense = 3 * 10944 * 2048
+    moe = 64 * 2048 + 64 * 3 * 1408 * 2048 + 3 * 2816 * 2048
+    difference = plan_for(all_moe).weights_gib_per_gpu - plan_for(config).weights_gib_per_gpu
+    assert difference * GIB == pytest.approx((moe - dense) * 2)
+
+
+def test_mla_kv_cache_is_one_latent_per_layer_on_every_rank() -> None:
+    config = model("DeepSeek-V2-Lite")
+    per_token = 27 * (512 + 64) * 2  # (kv_lora_rank + qk_rope_head_dim) x bf16, heads do not matter
+    assert plan_for(config, max_model_len=8192).kv_bytes_per_token_per_gpu == per_token
+    tp2 = plan_for(config, max_model_len=8192, tensor_parallel_size=2)
+    assert tp2.kv_bytes_per_token_per_gpu == per_token  # not split by tensor parallelism
+
+
+def test_sliding_window_layers_form_their_own_groups() -> None:
+    # Gemma 3 1B: 26 layers, every 6th full (4 full, 22 sliding of 512): groups of 4 layers, 1 full and 6
+    # sliding groups; a request of 32768 tokens takes 2048 full blocks and 6 x (cdiv(511 + 8192, 16) + 1).
+    config = model("gemma-3-1b-it")
+    result = plan_for(config, max_model_len=32768, kv_cache_memory_gib=1.0)
+    page = 16 * 2 * 1 * 256 * 2
+    blocks = GIB // page // 4
+    assert result.kv_cache_groups == 7
+    assert result.kv_cache_blocks == blocks
+    assert result.kv_cache_tokens == int(blocks / (2048 + 6 * 545) * 32768)
+
+
+def test_quantized_checkpoints_plan_without_refusal() -> None:
+    for name in ("Qwen3-8B-FP8", "Qwen2.5-7B-Instruct-AWQ", "Qwen2.5-7B-Instruct-GPTQ-Int4", "gpt-oss-20b"):
+        result = plan_for(model(name), max_model_len=8192)
+        assert result.errors == [], name
+        assert result.quantization is not None
+
+
+def test_fp8_block_scales_one_float_per_128_x_128() -> None:
+    quant = Quantization("fp8", bits=8, group_size=0, block=(128, 128))
+    assert param_bytes(Param("w", 4096, 4096), 2, quant)[0] == 4096 * 4096 + 32 * 32 * 4
+
+
+def test_online_fp8_halves_the_linear_layers() -> None:
+    config = model("Qwen3-30B-A3B")
+    online = plan_for(config, quantization="fp8", max_model_len=8192)
+    assert online.quantization == "fp8"
+    assert online.weights_gib_per_gpu == pytest.approx(29.06, rel=0.01)  # vLLM 0.24: 29.06 GiB
+
+
+def test_architecture_vllm_does_not_know_is_warned_by_name() -> None:
+    warnings = plan_for(llama(architectures=["FancyNewForCausalLM"])).warnings
+    assert any("FancyNewForCausalLM" in warning and "0.24.0" in warning for warning in warnings)
+
+
+# --- Refusals propose what would fit -----------------------------------------------------------------
+
+
+def test_refusal_proposes_max_model_len_utilization_and_parallelism() -> None:
+    config = model("Qwen2.5-32B-Instruct")
+    result = plan_for(config, memory_gib=79.18, max_model_len=32768, gpu_memory_utilization=0.82)
+    assert result.errors
+    proposals = result.proposals
+    assert set(proposals) == {
+        "max_model_len",
+        "gpu_memory_utilization",
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+    }
+    for key, value in proposals.items():
+        fixed = plan_for(
+            config,
+            memory_gib=79.18,
+            **({"max_model_len": 32768, "gpu_memory_utilization": 0.82} | {key: value}),
+        )
+        assert fixed.errors == [], key
+    assert "Would fit: --max-model-len" in result.errors[-1]
+    assert result.to_json_dict()["proposals"] == proposals
+
+
+def test_plan_that_fits_proposes_nothing() -> None:
+    assert plan_for(llama()).proposals == {}

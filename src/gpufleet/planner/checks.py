@@ -12,7 +12,25 @@ from gpufleet.planner.arch import QUANTIZATION_ALIASES, ModelArch, config_dtype
 if TYPE_CHECKING:
     from gpufleet.planner.model import PlanContext, StagePlan
 
-KNOWN_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+from gpufleet.planner.vllm_archs import VLLM_ARCHITECTURES, VLLM_VERSION
+
+# Families whose layers the planner builds parameter by parameter as vLLM does (others: Llama-style).
+KNOWN_MODEL_TYPES = frozenset(
+    {
+        "llama",
+        "mistral",
+        "qwen2",
+        "qwen3",
+        "qwen2_moe",
+        "qwen3_moe",
+        "mixtral",
+        "deepseek_v2",
+        "deepseek_v3",
+        "gemma2",
+        "gemma3_text",
+        "gpt_oss",
+    }
+)
 # GPUs before Ampere: no bfloat16 in vLLM (compute capability < 8.0).
 PRE_AMPERE = ("v100", "t4", "p100", "p40", "p4", "titan v", "rtx 20", "quadro rtx", "gtx")
 
@@ -218,11 +236,10 @@ def _model_warnings(context: PlanContext) -> list[str]:
         warnings.append(
             "config.json has no torch_dtype: vLLM treats the checkpoint as float32 and serves float16"
         )
-    config = request.hf_config
-    if config.get("use_sliding_window") or (arch.model_type == "mistral" and config.get("sliding_window")):
+    if arch.architecture and arch.architecture not in VLLM_ARCHITECTURES:
         warnings.append(
-            "sliding-window attention: the plan sizes a full-attention KV cache for every layer, which "
-            "overstates what vLLM needs per token"
+            f"architectures: {arch.architecture} is not a model vLLM {VLLM_VERSION} knows; it would refuse "
+            'this model ("Model architectures ... are not supported"). Fix: pick a vLLM that supports it'
         )
     if context.quant and context.quant.method in {"awq", "gptq"} and context.config_quantization is None:
         warnings.append(

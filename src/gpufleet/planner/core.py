@@ -38,6 +38,7 @@ other loads match them within 0.3 %.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -191,7 +192,76 @@ def plan_stage(context: PlanContext, rank: int, bounds: tuple[int, int]) -> Stag
 
 def plan(request: PlanRequest) -> Plan:
     """Plan a deployment. Infeasible settings go into ``Plan.errors``; only unusable input raises
-    :class:`PlannerInputError` (unreadable config, unknown dtype or quantization, unsupported model)."""
+    :class:`PlannerInputError` (unreadable config, unknown dtype or quantization, unsupported model).
+
+    When the KV cache does not fit, ``Plan.proposals`` names settings that would: the largest
+    ``max_model_len``, the smallest ``gpu_memory_utilization``, ``tensor_parallel_size`` or
+    ``pipeline_parallel_size`` (on GPUs like the deciding one); the KV error repeats them."""
+    result = _plan(request)
+    if not result.kv_cache_blocks or result.kv_cache_tokens < result.max_model_len:
+        proposals = propose(request, result)
+        if proposals:
+            listed = ", ".join(f"--{key.replace('_', '-')} {value}" for key, value in proposals.items())
+            errors = [
+                f"{error.rstrip('.')}. Would fit: {listed}" if error.startswith(KV_ERROR_PREFIXES) else error
+                for error in result.errors
+            ]
+            result = result.model_copy(update={"proposals": proposals, "errors": errors})
+    return result
+
+
+KV_ERROR_PREFIXES = ("gpu_memory_utilization: No available memory", "max_model_len: The model's max seq len")
+PROPOSAL_LIMIT = 16  # GPUs per parallel dimension tried
+
+
+def _fits(result: Plan) -> bool:
+    return not result.errors and result.kv_cache_tokens >= result.max_model_len
+
+
+def propose(request: PlanRequest, result: Plan) -> dict[str, float | int]:
+    """Settings that would fit, each changed alone from ``request``."""
+    if request.kv_cache_memory_gib is not None:
+        return {}
+    proposals: dict[str, float | int] = {}
+    context = resolve(request)
+    deciding = result.stages[result.deciding_stage]
+    layout = kv_layout(
+        context.arch,
+        range(deciding.first_layer, deciding.end_layer),
+        request.tensor_parallel_size,
+        context.kv_dtype_bytes,
+        request.block_size,
+    )
+    blocks, batched = result.kv_cache_blocks, result.max_num_batched_tokens
+    if blocks and layout.blocks_per_request(1, batched) <= blocks:
+        low, high = 1, result.max_model_len
+        while low < high:  # the largest length whose request fits in the blocks there are
+            middle = (low + high + 1) // 2
+            low, high = (
+                (middle, high) if layout.blocks_per_request(middle, batched) <= blocks else (low, middle - 1)
+            )
+        proposals["max_model_len"] = low
+    needed = layout.blocks_per_request(result.max_model_len, batched) * layout.block_bytes / GIB
+    overheads = deciding.weights_gib + deciding.activation_peak_gib + deciding.non_torch_gib
+    utilization = (
+        math.ceil((overheads + deciding.cuda_graph_gib + needed) / result.gpu_memory_gib * 100) / 100
+    )
+    if utilization <= 1:
+        proposals["gpu_memory_utilization"] = utilization
+    gpus = (min(request.gpus, key=lambda device: device.memory_gib),)
+    for key, current in (
+        ("tensor_parallel_size", request.tensor_parallel_size),
+        ("pipeline_parallel_size", request.pipeline_parallel_size),
+    ):
+        for size in range(current + 1, PROPOSAL_LIMIT + 1):
+            candidate = request.model_copy(update={key: size, "gpus": gpus})
+            if _fits(_plan(candidate)):
+                proposals[key] = size
+                break
+    return proposals
+
+
+def _plan(request: PlanRequest) -> Plan:
     context = resolve(request)
     errors = check_settings(context)
     bounds = pp_layer_split(context.arch.num_layers, request.pipeline_parallel_size)
@@ -246,4 +316,5 @@ def plan(request: PlanRequest) -> Plan:
         stages=stages,
         errors=errors + kv_errors,
         warnings=context_warnings(context) + kv_warnings,
+        proposals={},
     )

@@ -105,6 +105,9 @@ class Plan(BaseModel):
     stages: list[StagePlan]
     errors: list[str]
     warnings: list[str]
+    # When the KV cache does not fit: settings that would, each changed alone (vLLM's option names with
+    # underscores): max_model_len, gpu_memory_utilization, tensor_parallel_size, pipeline_parallel_size.
+    proposals: dict[str, float | int] = Field(default_factory=dict)
 
     def to_json_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
