@@ -126,7 +126,7 @@ def said(stdout: str, text: str) -> bool:
     return " ".join(text.split()) in " ".join(stdout.split())
 
 
-def lfs_object_requests(server: LfsServer, start: int = 0) -> list[str]:
+def lfs_object_requests(server: LfsServer) -> list[str]:
     return [
         path for method, path, _ in server.log.requests if method == "GET" and "/info/lfs/objects/" in path
     ]
@@ -182,11 +182,38 @@ def test_second_run_changes_nothing(
     assert set(changed_counts(second.stdout).values()) == {0}, second.stdout[-3000:]
 
 
-def test_check_mode_reports_without_changing(
+def test_check_mode_on_the_fetched_model_changes_nothing(
     lab: RunningLab, first_run: subprocess.CompletedProcess[str], server: LfsServer, tmp_path: Path
 ) -> None:
+    markers = {host: lab.ssh(host, f"cat {MARKER}").stdout for host in lab.hosts}
+    fetched = len(lfs_object_requests(server))
     result = run_role(lab, tmp_path, *online_vars(server), "--check")
     assert result.returncode == 0, result.stdout[-3000:]
+    assert set(changed_counts(result.stdout).values()) == {0}, result.stdout[-3000:]
+    assert len(lfs_object_requests(server)) == fetched, "check mode downloaded LFS objects"
+    assert {host: lab.ssh(host, f"cat {MARKER}").stdout for host in lab.hosts} == markers
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "roles/model_fetch bug: in check mode on a host without the model (online path), tasks/online.yml's "
+        "'Verify every file against its LFS pointer or git blob...' runs gpufleet_model_check (state: "
+        "record, from_git: true) on a checkout check mode never made and fails ('not a readable git-lfs "
+        "checkout'); the seed fails and every other node then fails 'expected the model from the seed'"
+    ),
+)
+def test_check_mode_on_a_fresh_model_dir_reports_and_creates_nothing(
+    lab: RunningLab, first_run: subprocess.CompletedProcess[str], server: LfsServer, tmp_path: Path
+) -> None:
+    fresh = "/opt/models/check-mode"
+    fetched = len(lfs_object_requests(server))
+    result = run_role(lab, tmp_path, *online_vars(server, fresh), "--check")
+    for host in lab.hosts:
+        assert lab.ssh(host, f"test -e {fresh}").returncode != 0, f"check mode created {fresh} on {host}"
+    assert len(lfs_object_requests(server)) == fetched, "check mode downloaded LFS objects"
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert sum(changed_counts(result.stdout).values()) > 0, result.stdout[-3000:]
 
 
 @pytest.mark.parametrize("host", ["node1", "node3"])
