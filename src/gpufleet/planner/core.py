@@ -5,9 +5,8 @@ From a model's ``config.json`` and the hardware, per GPU:
 - computed exactly (:mod:`gpufleet.planner.arch`, :mod:`gpufleet.planner.weights`): weights (embeddings,
   attention with GQA/MQA and explicit ``head_dim``, biases, q/k norms, MLP, norms, rotary cache; TP
   sharding, PP split, quantization, ``cpu_offload_gb``), KV bytes per token
-  (``2 x layers_on_gpu x max(1, kv_heads/TP) x head_dim x kv_dtype_bytes``), the derived maximum model
-  length, and, given the KV-cache memory, blocks (``floor(KV / (block_size x bytes_per_token))``), tokens
-  (``blocks x block_size``) and maximum concurrency (``tokens / max_model_len``);
+  (:mod:`gpufleet.planner.arch`), the derived maximum model length, and, given the KV-cache memory, blocks,
+  tokens and maximum concurrency as vLLM 0.24 computes them (:mod:`gpufleet.planner.kvcache`);
 - estimated (:mod:`gpufleet.planner.estimates`, formulas and calibration there): activation peak,
   non-torch memory and CUDA-graph memory, hence the KV-cache memory and everything derived from it,
   unless ``kv_cache_memory_gib`` fixes it. :attr:`Plan.estimated` names every estimated figure.
@@ -16,23 +15,9 @@ KV memory per GPU = ``memory_gib x gpu_memory_utilization - weights - activation
 with several pipeline stages each is planned on its own and the stage with the fewest blocks decides
 (vLLM gives every rank the smallest block count); with mixed GPUs the smallest GPU decides.
 
-Calibration against ``tests/data/planner_cases.yml`` (vLLM's own start-up logs), predicted / measured;
-the KV cache is compared as the blocks or tokens vLLM printed times the bytes per token::
-
-    case (vLLM)                         weights GiB               KV GiB                  blocks
-    qwen2.5-1.5b-tp2-rtx3090 (0.7.2)    1.4456 / 1.4495  -0.3 %   8.85 / 8.60    +2.8 %   41,402 / 40,269
-    qwen3-8b-tp2-cpu-offload (0.8.5)    2.6066 / 2.6077  -0.04 %  5.82 / 5.43    +7.2 %    2,647 / 2,470
-    qwen3-8b-tp2-bitsandbytes (0.8.5)   2.8380 / 1.2216  (below)  (no GPU size in the case)
-    qwen3-8b-h100-v2-runner (0.24)     15.2662 / 15.27   -0.02 %  51.55 / 54.48  -5.4 %   23,458 / 24,795
-    qwen2.5-1.5b-h100-v1-runner (0.24)  2.8832 / 2.98    -3.3 %   33.52 / 33.83  -0.9 %   39,232 / 39,586
-    llama-3.2-1b public log (0.10.1)    2.3175 / 2.3185  -0.04 %  36.47 / 37.10  -1.7 %   74,683 / 75,972
-
-Given the KV memory vLLM printed, blocks, tokens and concurrency come out exact (to print rounding).
-The bitsandbytes case's 1.2216 GiB is below what Qwen3-8B can take at TP=2 (its 4-bit linear layers alone
-are 1.62 GiB per rank, the unquantized embedding and lm_head 1.16 GiB); Qwen3-4B's shapes at TP=2 give
-1.2452 GiB (1.2183 without the bitsandbytes quant state), so the case likely names the wrong model.
-The 0.24 V1-runner load of Qwen2.5-1.5B took 0.1 GiB more than its parameters and rotary cache; the
-other loads match them within 0.3 %.
+Checked against start-ups of real vLLM 0.24.0 (tests/unit/test_planner_vllm024.py: calibration and
+validation sets, KV-cache tokens within 3 %) and the shared cases (tests/unit/test_planner.py); the tables
+are in docs/planner.md.
 """
 
 from __future__ import annotations
