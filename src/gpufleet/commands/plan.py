@@ -69,7 +69,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--block-size", metavar="N", help="default 16")
     parser.add_argument("--dtype", metavar="DTYPE", help="auto (default), float16, bfloat16, float32")
     parser.add_argument("--kv-cache-dtype", metavar="DTYPE", help="auto (default), fp8, fp8_e4m3, fp8_e5m2")
-    parser.add_argument("--quantization", metavar="Q", help="bitsandbytes, fp8, awq, gptq, compressed-tensors, mxfp4")
+    parser.add_argument(
+        "--quantization", metavar="Q", help="bitsandbytes, fp8, awq, gptq, compressed-tensors, mxfp4"
+    )
     parser.add_argument("--cpu-offload-gb", metavar="X", help="GiB of weights per GPU kept in host memory")
     parser.add_argument("--max-num-batched-tokens", metavar="N")
     parser.add_argument("--max-num-seqs", metavar="S")
@@ -78,7 +80,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--enforce-eager", action="store_true", default=None, help="no CUDA graphs")
     parser.add_argument(
-        "--enable-expert-parallel", action="store_true", default=None, help="spread whole experts over the ranks"
+        "--enable-expert-parallel", action="store_true", default=None, help="spread whole experts over ranks"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.set_defaults(func=run)
