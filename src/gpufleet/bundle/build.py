@@ -28,6 +28,7 @@ from gpufleet.bundle.lock import (
     LockError,
     bundle_files,
     entries_intact,
+    inside,
     lock_entry,
     read_lock,
     verify_bundle,
@@ -261,11 +262,12 @@ def _previous(out: Path, unit: Unit, old: Lock | None) -> list[LockedFile]:
 
 
 def _build_unit(ctx: BuildContext, unit: Unit, old: Lock | None, result: BuildResult) -> list[LockedFile]:
+    dest = inside(ctx.out, unit.path)  # nothing outside the bundle is ever written or deleted
     if reused := _previous(ctx.out, unit, old):
         result.reused.append(unit.name)
         return reused
     ctx.console.print(f"[bold]fetch[/] {unit.name} → {unit.path}")
-    unit.make(ctx, ctx.out / unit.path)
+    unit.make(ctx, dest)
     result.fetched.append(unit.name)
     return _entries_for(ctx.out, unit)
 

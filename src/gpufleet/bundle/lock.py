@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 LOCK_NAME = "bundle.lock.yml"
 # Directories inside a bundle that belong to tools, not to the artifacts: a model clone's git metadata and
@@ -25,8 +25,31 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _inside_path(value: str) -> str:
+    """A path inside the bundle: relative, POSIX, without "..", "." or empty parts."""
+    parts = value.split("/")
+    if not value or value.startswith("/") or "\\" in value or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"{value!r} is not a relative path inside the bundle (no leading /, no ..)")
+    return value
+
+
+BundlePath = Annotated[str, AfterValidator(_inside_path)]
+
+
+def inside(root: Path, relpath: str) -> Path:
+    """``root / relpath`` with symlinks resolved, refused when it leaves ``root`` (LockError)."""
+    _inside_path(relpath)
+    target = (root / relpath).resolve()
+    if not target.is_relative_to(root.resolve()):
+        raise LockError(
+            f"{root / relpath}: resolves to {target}, outside the bundle {root}. "
+            "Fix: remove the symlink, or rebuild the bundle with `gpufleet bundle build`."
+        )
+    return root / relpath
+
+
 class LockedFile(_Model):
-    path: Annotated[str, StringConstraints(pattern=r"^[^/].*[^/]$")]
+    path: BundlePath
     size: int = Field(ge=0)
     sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
     version: str
@@ -39,7 +62,7 @@ class LockedImage(_Model):
     name: str
     tag: str
     id: Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
-    path: str
+    path: BundlePath
     compression: Literal["none", "gzip", "zstd"]
     # Read from the image itself at build time (gpufleet.compat checks them against drivers and GPUs).
     cuda: str | None = None  # the CUDA it needs: NVIDIA_REQUIRE_CUDA, else CUDA_VERSION
@@ -52,7 +75,7 @@ class LockedImage(_Model):
 class LockedModel(_Model):
     repo: str
     revision: str
-    path: str
+    path: BundlePath
     url: str
 
 
@@ -114,7 +137,15 @@ def read_lock(root: Path) -> Lock:
             f"{path}: missing; expected the lock written by `gpufleet bundle build`. "
             "Fix: point at a built bundle directory."
         ) from None
-    except (OSError, yaml.YAMLError, ValidationError) as exc:
+    except ValidationError as exc:
+        where = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc']) or 'top level'}: {error['msg']}"
+            for error in exc.errors()
+        )
+        raise LockError(
+            f"{path}: unreadable: not a valid lock ({where}). Fix: rebuild it with `gpufleet bundle build`."
+        ) from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         first = str(exc).splitlines()[0]
         raise LockError(
             f"{path}: unreadable ({first}). Fix: rebuild the bundle with `gpufleet bundle build`."
@@ -133,7 +164,10 @@ def bundle_files(root: Path) -> Iterator[str]:
 
 def check_file(root: Path, entry: LockedFile, *, quick: bool = False) -> str | None:
     """None when the file matches its lock entry, else one line saying what is wrong."""
-    path = root / entry.path
+    try:
+        path = inside(root, entry.path)
+    except LockError as escaped:
+        return f"{entry.path}: escapes the bundle: {escaped}"
     if not path.is_file():
         return f"{entry.path}: missing; expected {entry.size} bytes (sha256 {entry.sha256[:12]}…)"
     size = path.stat().st_size

@@ -203,8 +203,14 @@ class ImageArtifact(_Model):
         return f"images/{self.name.replace('/', '-')}_{self.tag}.tar{suffix}"
 
 
+REPO_PART = r"[A-Za-z0-9_][A-Za-z0-9_.-]*"
+
+
 class ModelArtifact(_Model):
-    repo: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")]
+    # Each part starts with a letter, digit or "_": "../.." (bundle_path models/../..) is no repository.
+    repo: Annotated[
+        str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*/[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+    ]
     # A commit pins exactly; a branch or tag is resolved at build time and the lock records the commit.
     revision: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")]
     source: GitLfsSource
