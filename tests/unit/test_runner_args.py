@@ -10,7 +10,7 @@ import ansible_runner
 import pytest
 
 from gpufleet.runner.arguments import PASSED_ENV, RunSpec, restrict_env, runner_arguments, runner_env
-from gpufleet.runner.deploy import STAGES, DeployError, deploy_specs, select_stages
+from gpufleet.runner.core import STAGES, DeployError, deploy_specs, select_stages
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from io import StringIO
 
 from rich.console import Console
 
-from gpufleet.runner.deploy import _verify
+from gpufleet.runner.core import _verify
 from gpufleet.runner.events import StageRecorder
 from gpufleet.runner.progress import print_deploy_report
 from gpufleet.runner.report import DeployReport, HostResult, StageResult, VerifyResult

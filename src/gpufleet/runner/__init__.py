@@ -5,7 +5,7 @@ into per-stage results (:mod:`~gpufleet.runner.events`), the live progress displ
 
 from __future__ import annotations
 
-from gpufleet.runner.deploy import STAGES, DeployError, ProgressSink, deploy, deploy_specs, status, teardown
+from gpufleet.runner.core import STAGES, DeployError, ProgressSink, deploy, deploy_specs, status, teardown
 from gpufleet.runner.report import DeployReport, StatusReport
 
 __all__ = [

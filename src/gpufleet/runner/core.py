@@ -24,8 +24,9 @@ value set by any host in the run:
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from pydantic import ValidationError
 from gpufleet.paths import project_root
 from gpufleet.runner.arguments import Facts, RunSpec, run_stages
 from gpufleet.runner.events import ProgressSink
+from gpufleet.runner.fleet_lock import FleetBusyError, fleet_lock
 from gpufleet.runner.report import DeployReport, StatusReport, VerifyResult
 from gpufleet.vllm_log import PlanFigures, VllmFacts
 
@@ -90,7 +92,8 @@ def deploy(
     if validate_inventory:
         _validate(inventory)
     started = time.monotonic()
-    results, facts = run_stages(specs, progress, cancel)
+    with _one_run(inventory, "check" if check else "deploy"):
+        results, facts = run_stages(specs, progress, cancel)
     failed = next((result.name for result in results if result.status != "ok"), None)
     report = DeployReport(
         ok=failed is None,
@@ -159,7 +162,8 @@ def teardown(
         timeout=timeout,
     )
     started = time.monotonic()
-    results, _ = run_stages([spec], progress, cancel)
+    with _one_run(inventory, "teardown"):
+        results, _ = run_stages([spec], progress, cancel)
     ok = results[0].status == "ok"
     return DeployReport(
         ok=ok,
@@ -252,6 +256,16 @@ def _spec(
         timeout=timeout,
         env_passthrough=tuple(env_passthrough),
     )
+
+
+@contextlib.contextmanager
+def _one_run(inventory: Path, action: str) -> Iterator[None]:
+    """The fleet's lock (:mod:`gpufleet.runner.fleet_lock`); a held lock is a DeployError."""
+    try:
+        with fleet_lock(inventory, action):
+            yield
+    except FleetBusyError as busy:
+        raise DeployError(str(busy)) from None
 
 
 def _inventory(inventory: Path) -> Path:
