@@ -72,7 +72,24 @@ def read_inventory(path: Path) -> RawInventory:
             ]
         )
     duplicates = list(_duplicate_keys(path))
+    if unreadable := [problem for problem in duplicates if problem.variable == "-i"]:
+        raise InventoryError(unreadable)  # Ansible would stop on them with a traceback
+    if path.is_dir() and not any(_is_hosts_source(child) for child in path.iterdir()):
+        raise InventoryError(
+            [
+                Problem(
+                    str(path),
+                    "-i",
+                    "no hosts file in the directory (only "
+                    + ", ".join(sorted(c.name for c in path.iterdir()))
+                    + ")",
+                    "a hosts file (e.g. hosts.yml) beside group_vars/",
+                    f"add {path}/hosts.yml (`gpufleet init` writes one), or pass the hosts file itself",
+                )
+            ]
+        )
     hosts, problems = _load_with_ansible(path)
+    problems += _stray_host_vars(path, {host.name for host in hosts})
     return RawInventory(path=path, hosts=tuple(hosts), problems=tuple(duplicates + problems))
 
 
@@ -108,7 +125,20 @@ def _load_with_ansible(path: Path) -> tuple[list[RawHost], list[Problem]]:
     hosts: list[RawHost] = []
     problems: list[Problem] = []
     for host in manager.get_hosts():
-        resolved = variables.get_vars(host=host, include_hostvars=False)
+        try:
+            resolved = variables.get_vars(host=host, include_hostvars=False)
+        except AnsibleError as error:  # e.g. group_vars holding a list: "failed to combine variables"
+            raise InventoryError(
+                [
+                    Problem(
+                        f"host {host.name}",
+                        "group_vars / host_vars",
+                        str(error).splitlines()[0],
+                        "a YAML mapping of variable names to values in every vars file",
+                        "make each group_vars/host_vars file a mapping (`name: value` lines), not a list",
+                    )
+                ]
+            ) from None
         rendered, host_problems = _render(host.name, resolved, loader)
         problems += host_problems
         groups = frozenset(group.name for group in host.get_groups())
@@ -130,8 +160,21 @@ def _render(host: str, resolved: Mapping[str, Any], loader: Any) -> tuple[dict[s
             continue
         try:
             rendered[name] = plain(templar.template(value))
-        except AnsibleError as error:
-            message = str(error).splitlines()[0]
+        except (AnsibleError, ReferenceError) as error:
+            message = str(error).splitlines()[0] if str(error) else type(error).__name__
+            if isinstance(error, ReferenceError) or "vault" in message.lower():
+                # ansible-core reads vault values lazily: without a vault secret they cannot be read at all.
+                if name.startswith(OWN_PREFIXES):
+                    problems.append(
+                        Problem(
+                            f"host {host}",
+                            name,
+                            "a vault-encrypted value",
+                            "a plain value (gpufleet validates without vault passwords)",
+                            "keep gpufleet's own variables unencrypted; vault only secrets it does not read",
+                        )
+                    )
+                continue
             problems.append(
                 Problem(
                     f"host {host}",
@@ -142,6 +185,48 @@ def _render(host: str, resolved: Mapping[str, Any], loader: Any) -> tuple[dict[s
                 )
             )
     return rendered, problems
+
+
+# Variables gpufleet reads; others (a vaulted become password, say) are left to Ansible.
+OWN_PREFIXES = (
+    "gpufleet_",
+    "vllm_service_",
+    "ray_cluster_",
+    "nvidia_driver_",
+    "cuda_toolkit_",
+    "docker_",
+    "nvidia_container_toolkit_",
+    "image_distribution_",
+    "model_fetch_",
+    "preflight_",
+    "ansible_host",
+)
+HOSTS_SUFFIXES = (".yml", ".yaml", ".ini", ".cfg", "")
+
+
+def _is_hosts_source(child: Path) -> bool:
+    """What Ansible reads as an inventory source in a directory (not group_vars/host_vars, not dotfiles)."""
+    if child.name in ("group_vars", "host_vars") or child.name.startswith("."):
+        return False
+    return (child.is_file() and child.suffix in HOSTS_SUFFIXES) or child.is_dir()
+
+
+def _stray_host_vars(path: Path, hosts: set[str]) -> list[Problem]:
+    """host_vars for a host the inventory does not have: Ansible ignores them without a word."""
+    folder = (path if path.is_dir() else path.parent) / "host_vars"
+    if not folder.is_dir():
+        return []
+    names = {child.name.split(".")[0] if child.is_file() else child.name for child in folder.iterdir()}
+    return [
+        Problem(
+            str(folder / name),
+            "host_vars",
+            f"variables for host {name!r}, which no group of the inventory has",
+            f"host_vars only for the inventory's hosts ({', '.join(sorted(hosts))})",
+            "rename the file after the host (a typo?), or add the host to the inventory",
+        )
+        for name in sorted(names - hosts)
+    ]
 
 
 def plain(value: Any) -> Any:
@@ -188,9 +273,61 @@ def _inventory_files(path: Path) -> Iterator[Path]:
             yield candidate
 
 
+def _unreadable(file: Path) -> Problem | None:
+    """A file Ansible would choke on: not UTF-8, or characters YAML does not allow (binary content)."""
+    data = file.read_bytes()
+    fix = "save it as UTF-8 text, or move non-inventory files out of the inventory directory"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return Problem(
+            str(file), "-i", f"bytes that are not UTF-8 at offset {error.start}", "UTF-8 text", fix
+        )
+    try:
+        yaml.reader.Reader(text)
+    except yaml.reader.ReaderError as error:
+        return Problem(
+            str(file), "-i", f"character {error.character!r} at offset {error.position}", "text", fix
+        )
+    return None
+
+
+# Extensions Ansible skips in an inventory directory (INVENTORY_IGNORE_EXTS); every other file it reads.
+ANSIBLE_SKIPS = (
+    ".pyc",
+    ".pyo",
+    ".swp",
+    ".bak",
+    "~",
+    ".rpm",
+    ".md",
+    ".txt",
+    ".rst",
+    ".orig",
+    ".ini",
+    ".cfg",
+    ".retry",
+)
+
+
+def _read_by_ansible(path: Path) -> Iterator[Path]:
+    if path.is_file():
+        yield path
+        return
+    for candidate in sorted(path.rglob("*")):
+        hidden = any(part.startswith(".") for part in candidate.relative_to(path).parts)
+        if candidate.is_file() and not hidden and not candidate.name.endswith(ANSIBLE_SKIPS):
+            yield candidate
+
+
 def _duplicate_keys(path: Path) -> Iterator[Problem]:
+    unreadable = [problem for file in _read_by_ansible(path) if (problem := _unreadable(file)) is not None]
+    yield from unreadable
+    bad = {problem.where for problem in unreadable}
     for file in _inventory_files(path):
-        loader = _DuplicateKeyLoader(file.read_text(encoding="utf-8", errors="replace"))
+        if str(file) in bad:
+            continue
+        loader = _DuplicateKeyLoader(file.read_text(encoding="utf-8"))
         loader.duplicates = []
         try:
             loader.get_single_data()

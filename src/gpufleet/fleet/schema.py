@@ -7,6 +7,8 @@ inventory variable it comes from (``VARIABLES``), so that messages name what the
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -15,6 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field, IPvAnyAddress, field_validato
 
 # Linux interface names: at most 15 bytes (IFNAMSIZ - 1), no slash or whitespace.
 NIC_PATTERN = r"^[A-Za-z0-9_.:@-]{1,15}$"
+# A DNS host name (RFC 1123 labels), what ansible_host may hold instead of an address.
+HOST_NAME = re.compile(
+    r"(?=.{1,253}$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*"
+)
 # A ModelScope (or Hugging Face) repository id: "<org>/<name>".
 REPO_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
@@ -39,7 +45,23 @@ class NodeSpec(_Frozen):
     """One host of group ``gpu_nodes``."""
 
     name: str
-    ansible_host: str
+    ansible_host: str  # an IP address, or a host name SSH resolves
+
+    @field_validator("ansible_host")
+    @classmethod
+    def _address_or_name(cls, value: str) -> str:
+        expected = "an IP address or a host name (letters, digits, '-', '.')"
+        try:
+            if re.fullmatch(r"[0-9.]+", value):  # written as an IPv4 address: it must be one
+                ipaddress.IPv4Address(value)
+            elif ":" in value:
+                ipaddress.IPv6Address(value)
+            elif not HOST_NAME.fullmatch(value):
+                raise ValueError(expected)
+        except ValueError:
+            raise ValueError(expected) from None
+        return value
+
     node_ip: IPvAnyAddress
     nic: str = Field(pattern=NIC_PATTERN)
     gpu: bool = True
