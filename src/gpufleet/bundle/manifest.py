@@ -301,6 +301,18 @@ def load_manifest(path: Path) -> Manifest:
     """Read and validate a manifest file."""
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ManifestError(
+            [
+                Problem(
+                    str(path),
+                    "(file)",
+                    f"bytes that are not UTF-8 at offset {exc.start}",
+                    "UTF-8 YAML text",
+                    "save the manifest as UTF-8 text",
+                )
+            ]
+        ) from None
     except OSError as exc:
         raise ManifestError(
             [

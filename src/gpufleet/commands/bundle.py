@@ -53,6 +53,14 @@ def register(subparsers: Any) -> None:
 
 def run_build(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
+    if args.out.exists() and not args.out.is_dir():
+        message = f"--out {args.out}: found a file; expected a bundle directory (new or built before)."
+        return refuse(
+            [message + " Fix: choose a directory"],
+            code=2,
+            as_json=args.json,
+            prefix="gpufleet bundle build: ",
+        )
     try:
         result = build(
             args.manifest or default_manifest(),

@@ -7,6 +7,7 @@ error (a missing file, a bad flag value), always with one line on stderr and nev
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpufleet.commands.output import refuse
+from gpufleet.fleet.schema import BLOCK_SIZES
 from gpufleet.planner import GpuDevice, PlannerInputError, PlanRequest, load_model_config, plan
 
 # Flags that describe the model and its serving settings; -i takes all of them from the inventory.
@@ -66,7 +68,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--pipeline-parallel-size", metavar="P", help="default 1")
     parser.add_argument("--gpu-memory-utilization", metavar="U", help="fraction of GPU memory vLLM may use")
     parser.add_argument("--max-model-len", metavar="L")
-    parser.add_argument("--block-size", metavar="N", help="default 16")
+    parser.add_argument(
+        "--block-size", metavar="N", type=int, choices=BLOCK_SIZES, help="1, 8, 16 (default), 32, 64, 128"
+    )
     parser.add_argument("--dtype", metavar="DTYPE", help="auto (default), float16, bfloat16, float32")
     parser.add_argument("--kv-cache-dtype", metavar="DTYPE", help="auto (default), fp8, fp8_e4m3, fp8_e5m2")
     parser.add_argument(
@@ -189,6 +193,8 @@ def _number(
         value = kind(raw)
     except ValueError:
         raise UsageError(f"{_flag(name)}: found {raw!r}; expected {what} {bound}") from None
+    if not math.isfinite(value):
+        raise UsageError(f"{_flag(name)}: found {raw!r}; expected a finite number {bound}")
     if value < minimum or (open_min and value == minimum):
         raise UsageError(f"{_flag(name)}: found {raw}; expected {what} {bound}")
     return value

@@ -11,9 +11,17 @@ import ipaddress
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, IPvAnyAddress, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    IPvAnyAddress,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 # Linux interface names: at most 15 bytes (IFNAMSIZ - 1), no slash or whitespace.
 NIC_PATTERN = r"^[A-Za-z0-9_.:@-]{1,15}$"
@@ -26,11 +34,33 @@ REPO_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 Dtype = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
 KvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
+# vLLM's --block-size choices (CacheConfig); plan --block-size and the inventory take the same ones.
+BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
+BlockSize = Literal[1, 8, 16, 32, 64, 128]
 Quantization = Literal["awq", "gptq", "bitsandbytes", "fp8"]
+
+
+def _numeric(annotation: Any) -> bool:
+    """int, float, their Optional, or a Literal of numbers (bool excluded: it is an int to Python)."""
+    if annotation in (int, float):
+        return True
+    args = get_args(annotation)
+    if get_origin(annotation) is Literal:
+        return all(isinstance(arg, int | float) and not isinstance(arg, bool) for arg in args)
+    return any(_numeric(arg) for arg in args) and bool not in args
 
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """YAML's true/false is not a port or a size (pydantic would take true as 1)."""
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and _numeric(field.annotation):
+            raise ValueError("a number, not true/false")
+        return value
 
 
 class GpuSpec(_Frozen):
@@ -92,7 +122,7 @@ class ServingSpec(_Frozen):
     pipeline_parallel_size: int = Field(default=1, ge=1, le=512)
     max_model_len: int | None = Field(default=None, gt=0)
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    block_size: Literal[1, 8, 16, 32, 64, 128] = 16
+    block_size: BlockSize = 16
     dtype: Dtype = "auto"
     kv_cache_dtype: KvCacheDtype = "auto"
     quantization: Quantization | None = None

@@ -79,20 +79,32 @@ def load_model_config(path: Path) -> dict[str, Any]:
     file = path / "config.json" if path.is_dir() else path
     try:
         text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise PlannerInputError(
+            f"{file}: bytes that are not UTF-8 at offset {error.start}; expected the model's config.json "
+            "(JSON text)"
+        ) from None
     except OSError as error:
         raise PlannerInputError(
             f"{file}: cannot read ({error.strerror or error}); expected a model directory holding "
             "config.json, or the config.json itself"
         ) from error
     try:
-        config = json.loads(text)
+        config = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as error:
         raise PlannerInputError(
             f"{file}: not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})"
         ) from error
+    except ValueError as error:  # NaN, Infinity
+        raise PlannerInputError(f"{file}: {error}; expected numbers that JSON allows") from None
     if not isinstance(config, dict):
         raise PlannerInputError(f"{file}: found a JSON {type(config).__name__}; expected a JSON object")
     return config
+
+
+def _no_constant(name: str) -> float:
+    """NaN and Infinity are not JSON; Python's parser accepts them unless told otherwise."""
+    raise ValueError(f"{name} is not a number")
 
 
 def resolve(request: PlanRequest) -> PlanContext:
