@@ -191,3 +191,42 @@ def run_molecule(scenario: str, extra_env: dict[str, str] | None = None, timeout
         assert changed and set(changed) == {"0"}, last[-3000:]
     assert load_lab_state(name) is None, f"destroy left the lab {name} up"
     return out
+
+
+# ----- the wheel, installed in a fresh venv outside the checkout (test_install.py, test_e2e.py) ------------
+
+
+@pytest.fixture(scope="session")
+def gpufleet_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel built from this checkout now (the product as pip would install it)."""
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(REPO)],
+        check=True, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    (built,) = out.glob("gpufleet-*.whl")
+    return built
+
+
+@pytest.fixture(scope="session")
+def installed_gpufleet(gpufleet_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv holding the wheel and its dependencies (from the index); its bin directory."""
+    venv = tmp_path_factory.mktemp("venv")
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run(
+        [str(venv / "bin/pip"), "install", "--quiet", str(gpufleet_wheel)],
+        check=True, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    return venv / "bin"
+
+
+def run_installed(
+    bin_dir: Path, *args: str, cwd: Path, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """``gpufleet ARGS`` from the installed wheel, with no way back to the checkout (no GPUFLEET_HOME)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GPUFLEET_HOME", "PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = f"{bin_dir}:{env.get('PATH', '')}"
+    return subprocess.run(
+        [str(bin_dir / "gpufleet"), *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip

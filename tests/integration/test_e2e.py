@@ -4,8 +4,10 @@ The session lab is offline (hosts reach each other and this machine's bridge add
 gives its three hosts fresh root file systems, and each a default route to the bridge, where the lab's DROP
 rules drop and count anything meant for beyond the lab. Then ``deploy()`` runs preflight, nodes, artifacts,
 cluster, serve and verify from the bundle (Docker 20.10 from Debian's packages, the CPU serving image, the
-tiny model), and a second ``deploy()`` must change nothing. At the end the hosts are reset again, so that
-later tests find them fresh.
+tiny model), and a second ``deploy()`` must change nothing. Both deploys are ``gpufleet deploy --json`` of
+the wheel built from this checkout and installed into a fresh venv outside it, run from a directory
+outside it: they prove the wheel (its collection, its plugins, its ansible.cfg), not the checkout. At the
+end the hosts are reset again, so that later tests find them fresh.
 
 The bundle is ``dist/lab-bundle`` (built by :func:`gpufleet.lab.demo.build_lab_bundle`, cached like ``make
 demo``'s; the serving image comes from ``~/.cache/gpufleet/serving-image``).
@@ -18,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import RunningLab
+from conftest import RunningLab, run_installed
 from rich.console import Console
 
 from gpufleet.lab.demo import DIST, api_key_file, build_lab_bundle, chat, lab_plan, route_to_bridge
 from gpufleet.lab.net import outbound_drops
-from gpufleet.runner import STAGES, DeployReport, deploy, status, teardown
+from gpufleet.runner import STAGES, DeployReport, status, teardown
 from gpufleet.vllm_log import compare
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -47,14 +49,30 @@ def lab_bundle() -> Path:
     return build_lab_bundle(DIST / "lab-bundle", DIST / "lab-demo", Console(stderr=True))
 
 
+def deploy_from_wheel(installed: Path, inventory: Path, bundle: Path, cwd: Path) -> DeployReport:
+    """`gpufleet deploy --json` of the installed wheel; its report, parsed."""
+    run = run_installed(
+        installed, "deploy", "-i", str(inventory), "--bundle", str(bundle), "--json", cwd=cwd, timeout=3000
+    )
+    assert run.stdout.strip(), (
+        f"gpufleet deploy printed no report (exit {run.returncode}): {run.stderr[-3000:]}"
+    )
+    return DeployReport.model_validate_json(run.stdout)
+
+
 @pytest.fixture(scope="module")
-def deployment(lab: RunningLab, lab_bundle: Path) -> Iterator[Deployment]:
+def deployment(
+    lab: RunningLab, lab_bundle: Path, installed_gpufleet: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Deployment]:
     inventory = lab.lab.reset().inventory
     route_to_bridge(lab.lab, lab.inventory)
     before = outbound_drops(lab.inventory.name)
+    elsewhere = tmp_path_factory.mktemp("elsewhere")  # not the checkout: nothing found relative to it
     try:
-        first = deploy(inventory, bundle=lab_bundle)
-        second = deploy(inventory, bundle=lab_bundle) if first.ok else first
+        first = deploy_from_wheel(installed_gpufleet, inventory, lab_bundle, elsewhere)
+        second = (
+            deploy_from_wheel(installed_gpufleet, inventory, lab_bundle, elsewhere) if first.ok else first
+        )
         dropped = outbound_drops(lab.inventory.name) - before
         print(f"e2e: first deploy {first.seconds:.0f} s, second {second.seconds:.0f} s; dropped {dropped}")
         yield Deployment(inventory, lab_bundle, first, second, dropped)

@@ -12,11 +12,11 @@ import subprocess
 import sys
 import time
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import run_installed
 
 REPO = Path(__file__).resolve().parents[2]
 COLLECTION = "gpufleet/_data/ansible_collections/gpufleet/gpufleet/"
@@ -24,40 +24,8 @@ COLLECTION = "gpufleet/_data/ansible_collections/gpufleet/gpufleet/"
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(REPO)],
-        check=True, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    (built,) = out.glob("gpufleet-*.whl")
-    return built
-
-
-@pytest.fixture(scope="module")
-def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A fresh venv with the wheel and its dependencies; yields its bin directory."""
-    venv = tmp_path_factory.mktemp("venv")
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    subprocess.run(
-        [str(venv / "bin/pip"), "install", "--quiet", str(wheel)],
-        check=True, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    yield venv / "bin"
-
-
-def run_installed(bin_dir: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("GPUFLEET_HOME", "PYTHONPATH", "VIRTUAL_ENV")}
-    env["PATH"] = f"{bin_dir}:{env.get('PATH', '')}"
-    return subprocess.run(
-        [str(bin_dir / "gpufleet"), *args],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-
-
-def test_the_wheel_carries_the_collection_and_nothing_of_the_checkout(wheel: Path) -> None:
-    names = zipfile.ZipFile(wheel).namelist()
+def test_the_wheel_carries_the_collection_and_nothing_of_the_checkout(gpufleet_wheel: Path) -> None:
+    names = zipfile.ZipFile(gpufleet_wheel).namelist()
     for needed in (
         "site.yml", "ansible.cfg", "galaxy.yml", "LICENSE", "playbooks/nodes.yml",
         "roles/docker/meta/argument_specs.yml", "roles/vllm_service/tasks/main.yml",
@@ -69,33 +37,37 @@ def test_the_wheel_carries_the_collection_and_nothing_of_the_checkout(wheel: Pat
         assert not [name for name in names if f"/{leaked}" in name or name.startswith(leaked)], leaked
 
 
-def test_the_installed_wheel_still_catches_a_role_variable_typo(installed: Path, tmp_path: Path) -> None:
+def test_the_installed_wheel_still_catches_a_role_variable_typo(
+    installed_gpufleet: Path, tmp_path: Path
+) -> None:
     """Before: from the wheel alone, `nvidia_driver_reboott: true` was "valid" (no role specs to read)."""
     inventory = tmp_path / "inv"
     made = run_installed(
-        installed, "init", str(inventory), "--head", "gpu-head-01=192.0.2.10", "--model", "Qwen/Qwen3-8B",
-        "--gpu", "NVIDIA H800", cwd=tmp_path,
+        installed_gpufleet, "init", str(inventory), "--head", "gpu-head-01=192.0.2.10",
+        "--model", "Qwen/Qwen3-8B", "--gpu", "NVIDIA H800", cwd=tmp_path,
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
-    good = run_installed(installed, "validate", "-i", str(inventory), cwd=tmp_path)
+    good = run_installed(installed_gpufleet, "validate", "-i", str(inventory), cwd=tmp_path)
     assert good.returncode == 0, good.stderr
     with (inventory / "group_vars" / "gpu_nodes.yml").open("a") as handle:
         handle.write("nvidia_driver_reboott: true\n")
-    typo = run_installed(installed, "validate", "-i", str(inventory), cwd=tmp_path)
+    typo = run_installed(installed_gpufleet, "validate", "-i", str(inventory), cwd=tmp_path)
     assert typo.returncode == 1
     assert "nvidia_driver_reboott" in typo.stderr and "nvidia_driver_reboot" in typo.stderr, typo.stderr
 
 
-def test_the_installed_wheel_finds_its_playbooks_and_manifest(installed: Path, tmp_path: Path) -> None:
+def test_the_installed_wheel_finds_its_playbooks_and_manifest(
+    installed_gpufleet: Path, tmp_path: Path
+) -> None:
     where = subprocess.run(
-        [str(installed / "python"), "-c", "from gpufleet.paths import project_root; print(project_root())"],
+        [str(installed_gpufleet / "python"), "-c", "import gpufleet.paths as p; print(p.project_root())"],
         cwd=tmp_path, capture_output=True, text=True, check=True, env={"PATH": os.environ["PATH"]},
     )  # fmt: skip
     root = Path(where.stdout.strip())
-    assert root.is_relative_to(installed.parent), root  # the venv's copy, not the checkout
+    assert root.is_relative_to(installed_gpufleet.parent), root  # the venv's copy, not the checkout
     assert (root / "playbooks" / "preflight.yml").is_file()
     assert (root / "offline_bundle" / "manifest.yml").is_file()
-    help_text = run_installed(installed, "bundle", "build", "--help", cwd=tmp_path)
+    help_text = run_installed(installed_gpufleet, "bundle", "build", "--help", cwd=tmp_path)
     assert help_text.returncode == 0 and "--manifest" in help_text.stdout
 
 
