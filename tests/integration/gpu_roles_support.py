@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
+from gpufleet.bundle.lock import Lock, lock_entry, write_lock
 
 REPO = Path(__file__).resolve().parents[2]
 DOUBLE = REPO / "tests" / "doubles" / "nvidia-installer-double.sh"
@@ -123,14 +123,6 @@ def cuda_offline_repo(log: list[str] | None = None) -> Path:
     return repo
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _link_or_copy(src: Path, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.unlink(missing_ok=True)
@@ -145,16 +137,8 @@ def write_bundle(bundle: Path, files: dict[str, Path], versions: dict[str, str] 
     entries = []
     for rel, src in sorted(files.items()):
         _link_or_copy(src, bundle / rel)
-        entries.append(
-            {
-                "path": rel,
-                "size": src.stat().st_size,
-                "sha256": _sha256(src),
-                "version": (versions or {}).get(rel.split("/")[0], ""),
-                "source": "test",
-            }
-        )
-    (bundle / "bundle.lock.yml").write_text(yaml.safe_dump({"files": entries}, sort_keys=False))
+        entries.append(lock_entry(bundle, rel, (versions or {}).get(rel.split("/")[0], ""), "test"))
+    write_lock(bundle, Lock(manifest="tests/integration/gpu_roles_support.py", files=entries))
     return bundle
 
 
