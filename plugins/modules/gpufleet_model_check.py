@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/python
 """Ansible module: check (and record) the model directory of one node.
 
 The marker file ``.gpufleet-model.json`` in the model directory says what is there: repo, revision and

@@ -1,0 +1,88 @@
+"""The Galaxy collection: built, installed with ansible-galaxy, its playbooks run by their collection names.
+
+Installed into a temporary collections path, with an empty ansible.cfg, so that nothing of the checkout
+(roles_path, plugin paths) helps: `gpufleet.gpufleet.site` must pass Ansible's syntax check (every role,
+module and plugin resolved from the collection), and one real stage, `gpufleet.gpufleet.preflight`'s
+validation, runs (the action plugin needs the gpufleet Python package, here the venv's).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def collection(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The built tarball, installed under a fresh collections path; returns that path's parent."""
+    work = tmp_path_factory.mktemp("collection")
+    subprocess.run(
+        [str(BIN / "ansible-galaxy"), "collection", "build", "--output-path", str(work), str(REPO)],
+        check=True, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    (tarball,) = work.glob("gpufleet-gpufleet-*.tar.gz")
+    subprocess.run(
+        [str(BIN / "ansible-galaxy"), "collection", "install", "-p", str(work / "cols"), str(tarball)],
+        check=True, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    (work / "ansible.cfg").write_text("[defaults]\n")
+    return work
+
+
+def playbook(collection: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")},
+        "ANSIBLE_COLLECTIONS_PATH": str(collection / "cols"),
+        "ANSIBLE_CONFIG": str(collection / "ansible.cfg"),
+        "ANSIBLE_NOCOLOR": "1",
+    }
+    return subprocess.run(
+        [str(BIN / "ansible-playbook"), *args],
+        cwd=collection, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+
+def test_the_tarball_holds_the_collection_only(collection: Path) -> None:
+    (tarball,) = collection.glob("gpufleet-gpufleet-*.tar.gz")
+    with tarfile.open(tarball) as archive:
+        names = archive.getnames()
+    assert {
+        "playbooks/site.yml",
+        "plugins/modules/gpufleet_model_check.py",
+        "LICENSE",
+        "meta/runtime.yml",
+    } <= set(names)
+    assert "changelogs/changelog.yaml" in names
+    for kept_out in ("src/", "tests/", "molecule/", "benchmarks/", ".venv/", "Makefile", "setup.py"):
+        assert not [name for name in names if name.startswith(kept_out)], kept_out
+
+
+def test_site_passes_the_syntax_check_by_its_collection_name(collection: Path) -> None:
+    result = playbook(
+        collection, "gpufleet.gpufleet.site", "--syntax-check", "-i", str(REPO / "inventories/prod")
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "gpufleet/gpufleet/playbooks/site.yml" in result.stdout
+
+
+def test_one_real_stage_runs_from_the_collection(collection: Path, tmp_path: Path) -> None:
+    inventory = tmp_path / "prod"
+    shutil.copytree(REPO / "inventories" / "prod", inventory)
+    group_vars = inventory / "group_vars" / "gpu_nodes.yml"
+    group_vars.write_text(group_vars.read_text().replace("../../models/", f"{REPO}/models/"))
+    result = playbook(
+        collection, "gpufleet.gpufleet.preflight", "-i", str(inventory), "--tags", "preflight_validate"
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ok: [gpu-head-01 -> localhost]" in result.stdout
