@@ -7,15 +7,9 @@ schema and one error for a missing or corrupt lock (its path and the fix), not a
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
-from ansible.errors import AnsibleLookupError
-from ansible.plugins.lookup import LookupBase
-
 DOCUMENTATION = r"""
 name: gpufleet_bundle_lock
-author: gpufleet maintainers
+author: gpufleet maintainers (@gpufleet)
 short_description: Read an offline bundle's lock file (bundle.lock.yml)
 description:
   - Reads C(<bundle>/bundle.lock.yml) on the control node with gpufleet's own reader
@@ -89,6 +83,12 @@ _raw:
         path: {description: "The clone, relative to the bundle directory.", type: str}
         url: {description: Where it was cloned from., type: str}
 """
+
+from pathlib import Path
+from typing import Any
+
+from ansible.errors import AnsibleLookupError
+from ansible.plugins.lookup import LookupBase
 
 
 class LookupModule(LookupBase):  # type: ignore[misc]  # ansible ships no type information: LookupBase is Any

@@ -8,6 +8,57 @@ file is touched, so a partial or corrupt model is never taken for a good one.
 
 from __future__ import annotations
 
+DOCUMENTATION = r"""
+module: gpufleet_model_check
+author: gpufleet maintainers (@gpufleet)
+short_description: Verify a model directory against a file list (or its git-lfs checkout) and keep a marker
+description:
+  - Checks every file of a model directory by size and sha256 (or its git blob), against the list it is
+    given or the git-lfs checkout at HEAD, and keeps a marker file (.gpufleet-model.json) that is written only
+    after every file matched and removed before any file is touched.
+  - Used by the gpufleet.gpufleet.model_fetch role on every node.
+options:
+  path: {type: path, required: true, description: The model directory.}
+  repo: {type: str, required: true, description: ModelScope repository id.}
+  revision: {type: str, default: "", description: Expected commit; empty accepts the marker's.}
+  files: {type: dict, default: {}, description: "Expected files: relative path -> {sha256, size}."}
+  from_git:
+    {type: bool, default: false, description: Take the expected files from the git-lfs checkout at HEAD.}
+  verify: {type: str, default: sha256, choices: [sha256, size], description: How deeply to check files.}
+  state: {type: str, default: check, choices: [check, record, invalidate], description: "check: report only;
+    record: check and write the marker when all is well; invalidate: remove the marker."}
+  dedupe_lfs: {type: bool, default: false, description: Hard-link .git/lfs/objects to the checked-out files.}
+"""
+
+EXAMPLES = r"""
+- name: Check the model directory against the bundle's file list
+  gpufleet.gpufleet.gpufleet_model_check:
+    path: /opt/models/Qwen2.5-1.5B-Instruct
+    repo: Qwen/Qwen2.5-1.5B-Instruct
+    files: "{{ __model_fetch_files }}"
+    state: record
+"""
+
+RETURN = r"""
+ok:
+  description: Every file matched (and, with state=record, the marker says so).
+  returned: always
+  type: bool
+problems:
+  description: One line per missing, extra or changed file.
+  returned: always
+  type: list
+  elements: str
+revision:
+  description: The commit the directory holds.
+  returned: always
+  type: str
+files:
+  description: Every file with its size and sha256 (or git blob).
+  returned: always
+  type: dict
+"""
+
 import hashlib
 import json
 import os
@@ -23,21 +74,6 @@ if TYPE_CHECKING:  # annotations only: never evaluated on the node, whatever its
     # itself. Plain dicts: they come from the module's parameters and go back as JSON.
     FileEntry = dict[str, Any]
 
-DOCUMENTATION = r"""
-module: gpufleet_model_check
-short_description: Verify a model directory against a file list (or its git-lfs checkout) and keep a marker
-options:
-  path: {type: path, required: true, description: The model directory.}
-  repo: {type: str, required: true, description: ModelScope repository id.}
-  revision: {type: str, default: "", description: Expected commit; empty accepts the marker's.}
-  files: {type: dict, default: {}, description: "Expected files: relative path -> {sha256, size}."}
-  from_git:
-    {type: bool, default: false, description: Take the expected files from the git-lfs checkout at HEAD.}
-  verify: {type: str, default: sha256, choices: [sha256, size], description: How deeply to check files.}
-  state: {type: str, default: check, choices: [check, record, invalidate], description: "check: report only;
-    record: check and write the marker when all is well; invalidate: remove the marker."}
-  dedupe_lfs: {type: bool, default: false, description: Hard-link .git/lfs/objects to the checked-out files.}
-"""
 
 MARKER = ".gpufleet-model.json"
 CHUNK = 1 << 20

@@ -64,7 +64,18 @@ def test_the_tarball_holds_the_collection_only(collection: Path) -> None:
         "meta/runtime.yml",
     } <= set(names)
     assert "changelogs/changelog.yaml" in names
-    for kept_out in ("src/", "tests/", "molecule/", "benchmarks/", ".venv/", "Makefile", "setup.py"):
+    assert "tests/sanity/ignore-2.19.txt" in names  # ansible-test's, part of the collection
+    outside = (
+        "src/",
+        "tests/unit",
+        "tests/integration",
+        "tests/gpu",
+        "molecule/",
+        "benchmarks/",
+        ".venv/",
+        "Makefile",
+    )
+    for kept_out in (*outside, "setup.py"):
         assert not [name for name in names if name.startswith(kept_out)], kept_out
 
 
@@ -86,3 +97,49 @@ def test_one_real_stage_runs_from_the_collection(collection: Path, tmp_path: Pat
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "ok: [gpu-head-01 -> localhost]" in result.stdout
+
+
+# ansible-test bootstraps pip in each of its venvs with a get-pip script it downloads from a site beyond the
+# package index; here the same bootstrap runs pip from its own wheel, fetched from the index.
+PIP_BOOTSTRAP = '''"""ansible-test's pip bootstrap, run from pip's wheel (from the package index)."""
+import glob, os, sys
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, glob.glob(os.path.join(here, "pip-{v}-*.whl"))[0])
+from pip._internal.cli.main import main
+sys.exit(main(["install", *[a for a in sys.argv[1:] if a not in ("--no-setuptools", "--no-wheel")]]))
+'''
+
+
+def pip_bootstrap() -> None:
+    from ansible_test._internal.python_requirements import get_venv_packages
+
+    python = type("Python", (), {"version": f"{sys.version_info[0]}.{sys.version_info[1]}"})
+    version = get_venv_packages(python)["pip"]
+    cache = Path.home() / ".ansible" / "test" / "cache"
+    script = cache / f"get_pip_{version.replace('.', '_')}.py"
+    if not list(cache.glob(f"pip-{version}-*.whl")):
+        cache.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(cache), f"pip=={version}"],
+            check=True, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    script.write_text(PIP_BOOTSTRAP.replace("{v}", version))
+
+
+def test_ansible_test_sanity_passes_on_the_installed_collection(collection: Path) -> None:
+    """Every offline sanity test of ansible-test, on the collection as Galaxy users get it."""
+    pip_bootstrap()
+    root = collection / "cols" / "ansible_collections" / "gpufleet" / "gpufleet"
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)  # ansible-test lists files with git
+    subprocess.run(["git", "add", "-A"], cwd=root, check=True)
+    python = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env["PATH"] = f"{BIN}:{env.get('PATH', '')}"
+    result = subprocess.run(
+        [str(BIN / "ansible-test"), "sanity", "--local", "--python", python, "--color", "no"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=540, check=False,
+    )  # fmt: skip
+    errors = [
+        line for line in (result.stdout + result.stderr).splitlines() if line.startswith(("ERROR", "FATAL"))
+    ]
+    assert result.returncode == 0, "\n".join(errors[-40:]) or result.stderr[-3000:]

@@ -40,7 +40,7 @@ ACK = b"\x06"
 
 
 def address(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
+    host, _colon, port = text.rpartition(":")
     return host, int(port)
 
 
@@ -70,7 +70,7 @@ def listen_once(args: argparse.Namespace) -> socket.socket:
         fail(4, f"cannot listen on {args.listen}: {exc}")
     server.settimeout(args.accept_timeout)  # short: a sender that failed must not leave receivers waiting
     try:
-        conn, _ = server.accept()
+        conn, _peer = server.accept()
     except socket.timeout:  # noqa: UP041 - an alias of TimeoutError only from Python 3.10; nodes may run 3.8
         fail(4, f"no sender connected to {args.listen} within {args.accept_timeout} s")
     server.close()
