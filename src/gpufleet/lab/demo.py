@@ -217,7 +217,7 @@ def show_endpoint(report: Any, inventory: Path, console: Console) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    console = Console()
+    console = Console(stderr=bool(getattr(args, "json", False)))  # --json: stdout holds only the JSON
     timings: dict[str, float] = {}
     with step(
         console, "1/4 The lab bundle: Docker, the CPU serving image, the tiny model", timings, "bundle"
@@ -249,7 +249,23 @@ def run(args: argparse.Namespace) -> int:
             f"  .venv/bin/gpufleet lab ssh --name {args.name} node1\n"
             f"  sudo .venv/bin/gpufleet lab down --name {args.name}    # remove it"
         )
-    return 0 if ok and left == 0 else 1
+    code = 0 if ok and left == 0 else 1
+    if getattr(args, "json", False):
+        print(
+            json.dumps(
+                {
+                    "ok": code == 0,
+                    "deploy": json.loads(report.model_dump_json()),
+                    "endpoint_answered": ok,
+                    "packets_beyond_the_lab": left,
+                    "seconds": timings,
+                    "lab": args.name,
+                    "inventory": str(lab_inventory.inventory),
+                },
+                indent=2,
+            )
+        )
+    return code
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -264,6 +280,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="bundle directory (default: dist/lab-bundle in the checkout)",
     )
     parser.add_argument("--down", action="store_true", help="take the lab down at the end")
+    parser.add_argument("--json", action="store_true", help="progress on stderr, one JSON object on stdout")
     return parser
 
 
@@ -282,8 +299,9 @@ def main_with(args: argparse.Namespace) -> int:
     try:
         return run(args)
     except (*expected, InventoryError, DeployError) as error:
-        print(f"gpufleet demo: {error}", file=sys.stderr)
-        return 1
+        from gpufleet.commands.output import refuse  # noqa: PLC0415
+
+        return refuse([str(error)], code=1, as_json=getattr(args, "json", False), prefix="gpufleet demo: ")
 
 
 if __name__ == "__main__":  # pragma: no cover
