@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from gpufleet.planner.arch import GIB, Param, Quantization, param_bytes, pp_layer_split
-from gpufleet.planner.core import (
+from gpufleet.planner import (
     GpuDevice,
     Plan,
     PlannerInputError,

@@ -142,7 +142,7 @@ def route_to_bridge(lab: Lab, inventory: LabInventory) -> None:
 
 # ----- the plan and the endpoint ------------------------------------------------------------------
 def lab_plan(inventory: Path, bundle: Path) -> Any:
-    """The planner's prediction for a lab inventory (gpufleet.planner.core.Plan).
+    """The planner's prediction for a lab inventory (gpufleet.planner.Plan).
 
     The lab has no GPU, so ``gpufleet plan`` plans nothing there. vLLM's CPU build holds its KV cache in
     host memory, sized by ``vllm_service_kv_cache_memory_gib``: planned as one device with this machine's

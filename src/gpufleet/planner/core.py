@@ -48,27 +48,15 @@ from gpufleet.planner.estimates import (
 )
 from gpufleet.planner.kvcache import kv_layout
 from gpufleet.planner.model import (
-    GpuDevice,
-    KvCapacity,
     Plan,
     PlanContext,
     PlanRequest,
     StagePlan,
-    kv_cache_capacity,
 )
 from gpufleet.planner.weights import StageShape, stage_weights
 
-__all__ = [
-    "GpuDevice",
-    "KvCapacity",
-    "Plan",
-    "PlanRequest",
-    "PlannerInputError",
-    "StagePlan",
-    "kv_cache_capacity",
-    "load_model_config",
-    "plan",
-]
+# The planner's public surface is gpufleet.planner.__all__; this module adds plan() and load_model_config.
+__all__ = ["load_model_config", "plan"]
 
 ALWAYS_ESTIMATED = ("activation_peak_gib", "non_torch_gib", "cuda_graph_gib")
 KV_DERIVED = ("kv_cache_gib_per_gpu", "kv_cache_blocks", "kv_cache_tokens", "max_concurrency")
