@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 import yaml
 
-from gpufleet.planner.arch import GIB, Param, Quantization, param_bytes, pp_layer_split
 from gpufleet.planner import (
     GpuDevice,
     Plan,
@@ -20,6 +19,7 @@ from gpufleet.planner import (
     load_model_config,
     plan,
 )
+from gpufleet.planner.arch import GIB, Param, Quantization, param_bytes, pp_layer_split
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 SETTINGS = (
