@@ -29,9 +29,3 @@ def project_root() -> Path | None:
         if (candidate / "site.yml").is_file() and (candidate / "roles").is_dir():
             return candidate
     return None
-
-
-def collections_path() -> Path | None:
-    """The directory holding ``ansible_collections/gpufleet/gpufleet`` in the installed wheel, if any."""
-    collection = installed_collection()
-    return collection.parents[2] if (collection / "galaxy.yml").is_file() else None

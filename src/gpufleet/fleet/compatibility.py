@@ -76,7 +76,7 @@ def _from_bundle(fleet: FleetSpec, reference: str) -> ImageFacts | None:
 
     bundle = fleet.bundle_dir
     if not bundle.is_absolute():
-        bundle = (fleet.inventory if fleet.inventory.is_dir() else fleet.inventory.parent) / bundle
+        bundle = fleet.inventory_dir / bundle
     try:
         lock = read_lock(bundle)
     except LockError:

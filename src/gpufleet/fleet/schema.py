@@ -163,6 +163,11 @@ class FleetSpec(_Frozen):
         return tuple(node for node in self.nodes if node.role == "worker")
 
     @property
+    def inventory_dir(self) -> Path:
+        """The directory relative paths in the inventory (model config, bundle) are relative to."""
+        return self.inventory if self.inventory.is_dir() else self.inventory.parent
+
+    @property
     def total_gpus(self) -> int:
         return sum(node.gpus.count for node in self.nodes)
 

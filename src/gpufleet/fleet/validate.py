@@ -372,8 +372,7 @@ def model_config_path(fleet: FleetSpec) -> Path | None:
     if config is None:
         return None
     if not config.is_absolute():
-        base = fleet.inventory if fleet.inventory.is_dir() else fleet.inventory.parent
-        config = base / config
+        config = fleet.inventory_dir / config
     return config
 
 
