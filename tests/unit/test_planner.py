@@ -19,7 +19,7 @@ from gpufleet.planner import (
     load_model_config,
     plan,
 )
-from gpufleet.planner.arch import GIB, Param, Quantization, param_bytes, pp_layer_split
+from gpufleet.planner.arch import GIB, Param, Quantization, param_bytes, parse_arch, pp_layer_split
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 SETTINGS = (
@@ -331,7 +331,9 @@ def test_quantization_shrinks_layers_not_embeddings_or_lm_head(method: str) -> N
     quantized = plan_for(llama(), quantization=method).stages[0]
     assert quantized.embedding_gib == plain.embedding_gib
     assert quantized.lm_head_gib == plain.lm_head_gib
-    expected_ratio = 0.5 if method == "fp8" else 0.25
+    # AWQ on a Hopper (this GPU is named H100): Machete keeps its zero points as fp16, pre-multiplied by
+    # the scales, so 4 bits + 2 x 16 bits per group of 128 = 4.25 bits per weight.
+    expected_ratio = {"fp8": 0.5, "awq": 4.25 / 16}.get(method, 0.25)
     assert quantized.decoder_layers_gib / plain.decoder_layers_gib == pytest.approx(expected_ratio, rel=0.05)
 
 
@@ -717,3 +719,39 @@ def test_refusal_proposes_max_model_len_utilization_and_parallelism() -> None:
 
 def test_plan_that_fits_proposes_nothing() -> None:
     assert plan_for(llama()).proposals == {}
+
+
+def test_machete_keeps_awq_zero_points_as_fp16_on_hopper_only() -> None:
+    # vLLM 0.24 runs AWQ through Machete on Hopper, which stores -scale x zero in fp16 per group and column.
+    plain = Quantization("awq")
+    hopper = Quantization("awq", hopper=True)
+    param = Param("w", 4096, 4096)
+    assert param_bytes(param, 2, hopper)[0] - param_bytes(param, 2, plain)[0] == 32 * 4096 * (2 - 4 / 8)
+    # Machete needs out_features divisible by 128: otherwise Marlin keeps the packed zeros.
+    odd = Param("w", 4096 + 64, 4096)
+    assert param_bytes(odd, 2, hopper) == param_bytes(odd, 2, plain)
+
+
+def test_triton_mxfp4_keeps_a_second_padded_copy_of_the_expert_scales_on_hopper() -> None:
+    experts = Param("experts.w13_weight", 5760, 2880, shards=2, copies=32)
+    plain, hopper = Quantization("mxfp4", group_size=32), Quantization("mxfp4", group_size=32, hopper=True)
+    extra = param_bytes(experts, 2, hopper)[0] - param_bytes(experts, 2, plain)[0]
+    assert extra == 32 * 5888 * 90  # rows padded to a multiple of 256 (HopperMXScaleLayout), 90 scale columns
+    bias = Param("experts.w13_bias", 5760, copies=32)
+    assert param_bytes(bias, 2, hopper)[0] == 2 * param_bytes(bias, 2, plain)[0]  # float32 biases
+
+
+def test_gpt_oss_rotary_cache_is_float32() -> None:
+    config = {
+        "model_type": "gpt_oss",
+        "hidden_size": 2880,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "num_hidden_layers": 2,
+        "vocab_size": 201088,
+        "intermediate_size": 2880,
+        "num_local_experts": 32,
+    }
+    assert parse_arch(config).rotary_dtype_bytes == 4
+    assert parse_arch(config | {"model_type": "llama"}).rotary_dtype_bytes == 0

@@ -98,13 +98,14 @@ VALIDATION = [
     ),
 ]
 ALL = CALIBRATION + VALIDATION
-# Weights the planner does not yet get within 1 % (measured - predicted, as a share of measured):
-# - Gemma 3 1B: +3.4 % (67 MiB more than its parameters and two rotary caches; not yet explained);
-# - gpt-oss-20b: +5.5 % (0.75 GiB; vLLM's Triton MXFP4 MoE backend re-lays the expert weights and scales
-#   for Hopper, which the planner's packed 4.25 bits per weight do not model);
-# - Qwen2.5-7B AWQ: +3.4 % (vLLM 0.24 runs AWQ through the Machete kernel on Hopper, which keeps zero
-#   points as fp16 and more state than AWQ's packed layout).
-WEIGHT_TOLERANCE = {"gemma-3-1b-sliding": 0.04, "gpt-oss-20b-mxfp4": 0.06, "qwen2.5-7b-awq": 0.04}
+# Weights the planner does not yet get within 1 % (measured - predicted, as a share of measured). Modelled
+# from vLLM 0.24's source: Machete's fp16 zero points (AWQ on Hopper), the Triton MXFP4 MoE backend's second,
+# padded copy of the expert scales and float32 expert biases, gpt-oss's float32 rotary cache. Left over:
+# - Gemma 3 1B: +3.4 % (68 MiB; present already when the weights are created: the "Peak GPU memory after
+#   loading weights" line holds it; no parameter or buffer of vLLM's gemma3.py accounts for it);
+# - gpt-oss-20b: +1.06 % (147 MiB; also present before the MXFP4 re-layout, by the same line);
+# - Qwen2.5-7B AWQ: +2.1 % (116 MiB beyond the fp16 zero points; not found in auto_awq.py or machete.py).
+WEIGHT_TOLERANCE = {"gemma-3-1b-sliding": 0.04, "gpt-oss-20b-mxfp4": 0.015, "qwen2.5-7b-awq": 0.025}
 
 
 def measured(item: dict[str, Any]) -> vllm_log.VllmFacts:
@@ -190,3 +191,20 @@ def test_sampler_constants_are_the_calibration_fit() -> None:
         fit_constant, fit_slope = _fit(points[runner])
         assert fit_slope == pytest.approx(slope, rel=0.1), runner
         assert fit_constant == pytest.approx(constant, abs=0.1), runner
+
+
+def test_float16_with_fp8_kv_cache_is_refused_on_hopper() -> None:
+    # The start-up that died: a float16 GPTQ checkpoint with --kv-cache-dtype fp8 on an H100. FlashAttention 3
+    # quantizes the queries to fp8 and writes bfloat16 only; the planner refuses it and names the fix.
+    log = (LOGS / "qwen2.5-7b-gptq-kv-fp8.log").read_text(encoding="utf-8")
+    assert "For FP8 input, output must have dtype BF16" in log
+    assert "dtype=torch.float16" in log and "kv_cache_dtype=fp8" in log
+    item = {
+        "model": "Qwen2.5-7B-Instruct-GPTQ-Int4",
+        "settings": {"max_model_len": 8192, "gpu_memory_utilization": 0.7, "kv_cache_dtype": "fp8"},
+    }
+    errors = predicted(item).errors
+    assert len(errors) == 1 and errors[0].startswith("kv_cache_dtype: fp8 with dtype float16")
+    assert "Fix: set dtype to bfloat16" in errors[0]
+    item["settings"] |= {"dtype": "bfloat16"}
+    assert predicted(item).errors == []

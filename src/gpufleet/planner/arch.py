@@ -32,6 +32,7 @@ Everything here mirrors how vLLM 0.24 builds the model, so the figures are compu
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -143,6 +144,7 @@ class ModelArch:
     norms_per_layer: int = 2
     attention_sinks: bool = False
     rotary_caches: int = 1
+    rotary_dtype_bytes: int = 0  # 0: the model dtype; gpt-oss builds its YaRN cache in float32
 
     def is_moe_layer(self, layer: int) -> bool:
         return self.moe is not None and layer not in self.moe.dense_layers
@@ -167,6 +169,9 @@ class Quantization:
     skip: tuple[str, ...] = ()  # module names left unquantized (ignore / modules_to_not_convert)
     experts_only: bool = False  # MXFP4 (gpt-oss) quantizes the experts only
     source: str = ""  # the method as config.json or --quantization named it
+    # Hopper (compute capability 9.0): vLLM 0.24 re-lays some weights for its Hopper kernels after loading
+    # (AWQ/GPTQ zero points for Machete, MXFP4 expert scales for the Triton MoE backend).
+    hopper: bool = False
 
 
 @dataclass(frozen=True)
@@ -276,6 +281,7 @@ def parse_arch(config: Mapping[str, Any]) -> ModelArch:
         norms_per_layer=4 if model_type in FOUR_NORM_TYPES else 2,
         attention_sinks=model_type == "gpt_oss",
         rotary_caches=2 if model_type in {"gemma3_text", "gemma3"} else 1,
+        rotary_dtype_bytes=4 if model_type == "gpt_oss" else 0,  # vLLM's gpt_oss.py: get_rope(dtype=float32)
     )
 
 
@@ -558,7 +564,7 @@ def _attention_params(arch: ModelArch, tp: int) -> list[Param]:
     if arch.qk_norm:
         params += [Param("q_norm.weight", arch.head_dim), Param("k_norm.weight", arch.head_dim)]
     if arch.attention_sinks:
-        params.append(Param("sinks", q_heads, dtype_bytes=4))
+        params.append(Param("sinks", q_heads))  # torch.empty in the model dtype (vLLM's gpt_oss.py)
     return params
 
 
@@ -625,6 +631,15 @@ def layer_params(arch: ModelArch, tp: int | Parallelism, layer: int = 0) -> list
     return params
 
 
+# GPU names of compute capability 9.0 (H100, H200, H800, H20, GH200).
+_HOPPER = re.compile(r"(^|[^a-z0-9])g?h(100|200|800|20)([^0-9]|$)")
+
+
+def is_hopper(gpu_name: str) -> bool:
+    """Whether the GPU is a Hopper (compute capability 9.0), from the name CUDA reports."""
+    return bool(_HOPPER.search(gpu_name.lower()))
+
+
 def _is_quantized(param: Param, quant: Quantization) -> bool:
     if not param.is_linear or not param.quantizable:
         return False
@@ -637,6 +652,9 @@ def _is_quantized(param: Param, quant: Quantization) -> bool:
 def param_bytes(param: Param, dtype_bytes: int, quant: Quantization | None) -> tuple[int, int]:
     """(bytes of the parameter tensors, bytes of quantization state kept beside them on the GPU)."""
     element = param.dtype_bytes or dtype_bytes
+    expert_bias = param.name.startswith("experts.") and param.name.endswith("_bias")
+    if quant is not None and _triton_mxfp4(quant) and expert_bias:
+        element = 4  # the Triton MXFP4 MoE backend converts the expert biases to float32
     if quant is None or not _is_quantized(param, quant):
         numel = param.out_features * max(param.in_features, 1)
         return numel * element * param.copies, 0
@@ -663,12 +681,45 @@ def _quantized_matrix_bytes(param: Param, quant: Quantization) -> tuple[int, int
     if quant.method == "int8":
         return numel + out * 4, 0
     if quant.method == "mxfp4":
-        return math.ceil(numel / 2) + math.ceil(numel / 32), 0  # e2m1 pairs + one e8m0 scale per 32
+        scales = math.ceil(numel / 32)  # one e8m0 scale per 32 weights
+        if _triton_mxfp4(quant):
+            # vLLM 0.24's Triton MXFP4 MoE backend (Hopper) swizzles the scales into a new tensor
+            # (HopperMXScaleLayout: rows padded to 256, scale columns to 2) and keeps the loaded
+            # w13/w2_weight_scale parameters too; the e2m1 values are swizzled in place of the old ones.
+            scales += _round_up(out, 256) * _round_up(math.ceil(in_ / 32), 2)
+        return math.ceil(numel / 2) + scales, 0  # e2m1 pairs + scales
     groups = math.ceil(in_ / quant.group_size) if quant.group_size > 0 else 1
     packed = math.ceil(numel * quant.bits / 8)
     zeros = math.ceil(groups * out * quant.bits / 8) if quant.zero_points else 0
+    if quant.zero_points and _machete(quant, in_, out):
+        # Machete (Hopper) stores the zero points pre-multiplied by the scales, in fp16/bf16:
+        # ``-scale x zero`` per group and output column (MacheteLinearKernel.transform_w_zp).
+        zeros = groups * out * 2
     scales = groups * out * 2  # fp16 scales
     return packed + zeros + scales, 0
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return math.ceil(value / multiple) * multiple
+
+
+def _triton_mxfp4(quant: Quantization) -> bool:
+    """vLLM 0.24 serves gpt-oss's MXFP4 experts with its Triton backend on Hopper (the FlashInfer and
+    AITER backends need Blackwell or ROCm)."""
+    return quant.method == "mxfp4" and quant.hopper
+
+
+def _machete(quant: Quantization, in_features: int, out_features: int) -> bool:
+    """Whether vLLM 0.24 picks the Machete kernel for an AWQ/GPTQ linear layer (choose_mp_linear_kernel
+    tries it first): Hopper, 4 or 8 bits, group size -1/64/128, in x out divisible by 64 x 128."""
+    return (
+        quant.hopper
+        and quant.method in {"awq", "gptq"}
+        and quant.bits in {4, 8}
+        and quant.group_size in {-1, 0, 64, 128}
+        and in_features % 64 == 0
+        and out_features % 128 == 0
+    )
 
 
 def vocab_per_rank(arch: ModelArch, tp: int) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpufleet.planner.arch import QUANTIZATION_ALIASES, ModelArch, config_dtype
+from gpufleet.planner.arch import QUANTIZATION_ALIASES, ModelArch, config_dtype, is_hopper
 
 if TYPE_CHECKING:
     from gpufleet.planner.model import PlanContext, StagePlan
@@ -110,6 +110,7 @@ def _check_other(context: PlanContext) -> list[str]:
             f"max_num_batched_tokens: max_num_batched_tokens ({tokens}) must be greater than or equal to "
             f"max_num_seqs ({seqs}). Fix: raise max_num_batched_tokens or lower max_num_seqs"
         )
+    errors += _check_fp8_kv_cache_on_fa3(context)
     requested = context.request.quantization
     declared = context.config_quantization
     if (
@@ -123,6 +124,27 @@ def _check_other(context: PlanContext) -> list[str]:
             f"Fix: drop quantization (vLLM reads {declared} from config.json) or set it to {declared}"
         )
     return errors
+
+
+def _check_fp8_kv_cache_on_fa3(context: PlanContext) -> list[str]:
+    """float16 + an fp8 KV cache on Hopper: vLLM 0.24 picks FlashAttention 3, which quantizes the queries
+    to fp8 and writes bfloat16 only; the engine dies at the profile run's first forward pass
+    (tests/unit/data/vllm_logs/v0.24_h100/qwen2.5-7b-gptq-kv-fp8.log: a float16 GPTQ checkpoint)."""
+    if (
+        context.dtype != "float16"
+        or not context.kv_cache_dtype.startswith("fp8")
+        or context.arch.mla is not None  # MLA has its own backends
+        or not is_hopper(context.gpu.name)
+    ):
+        return []
+    return [
+        f"kv_cache_dtype: {context.kv_cache_dtype} with dtype float16 fails on {context.gpu.name}: vLLM "
+        f"{VLLM_VERSION} serves an fp8 KV cache on Hopper with FlashAttention 3, which quantizes the "
+        'queries to fp8 and then writes only bfloat16 ("For FP16/BF16 input, output must have the same '
+        'dtype as inputs. For FP8 input, output must have dtype BF16" at the first forward pass of the '
+        "memory profiling). float16 is what dtype auto gives for float16 checkpoints (most AWQ/GPTQ ones). "
+        "Fix: set dtype to bfloat16 (vLLM's AWQ/GPTQ kernels take bfloat16 too), or kv_cache_dtype to auto"
+    ]
 
 
 def check_kv_cache(context: PlanContext, stage: StagePlan, tokens: int) -> tuple[list[str], list[str]]:

@@ -22,6 +22,7 @@ are in docs/planner.md.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -30,8 +31,10 @@ from typing import Any
 from gpufleet.planner.arch import (
     GIB,
     PlannerInputError,
+    Quantization,
     checkpoint_quantization,
     derive_max_model_len,
+    is_hopper,
     parse_arch,
     pp_layer_split,
     resolve_dtype,
@@ -109,12 +112,19 @@ def resolve(request: PlanRequest) -> PlanContext:
         dtype=dtype,
         kv_cache_dtype=kv_name,
         kv_dtype_bytes=kv_bytes,
-        quant=resolve_quantization(request.quantization, config),
+        quant=_on_gpu(resolve_quantization(request.quantization, config), gpu.name),
         derived=derive_max_model_len(config),
         gpu=gpu,
         batching=(request.max_num_batched_tokens or tokens, request.max_num_seqs or seqs),
         config_quantization=checkpoint_quantization(config),
     )
+
+
+def _on_gpu(quant: Quantization | None, gpu_name: str) -> Quantization | None:
+    """The quantization as laid out for the deciding GPU's kernels (Hopper re-lays some weights)."""
+    if quant is None or not is_hopper(gpu_name):
+        return quant
+    return dataclasses.replace(quant, hopper=True)
 
 
 def _gib(value: int) -> float:

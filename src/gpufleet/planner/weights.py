@@ -64,7 +64,8 @@ def stage_weights(
     has_lm_head = is_last and not arch.tie_embeddings
     other = arch.hidden_size * shape.dtype_bytes if is_last else 0
     if shape.layers:
-        other += arch.rotary_caches * shape.rotary_positions * arch.rotary_dim * shape.dtype_bytes
+        rotary_bytes = arch.rotary_dtype_bytes or shape.dtype_bytes
+        other += arch.rotary_caches * shape.rotary_positions * arch.rotary_dim * rotary_bytes
     on_gpu, offloaded, largest = _offload_layers(arch, shape, quant, int(cpu_offload_gb * GIB))
     return StageWeights(
         embedding_bytes=table_bytes if has_embedding else 0,
