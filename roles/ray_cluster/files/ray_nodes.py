@@ -29,13 +29,20 @@ alive = [
     for n in nodes
 ]
 by_ip = {a["ip"]: a for a in alive}
+# A node that registers under another address than its gpufleet_node_ip (Ray picked another NIC's address).
+unknown = sorted(ip for ip in by_ip if ip not in {e["ip"] for e in expected})
 missing = []
 for e in expected:
     node = by_ip.get(e["ip"])
     if node is None:
-        missing.append(dict(e, why="not registered with Ray"))
-    elif node["gpus"] < e["gpus"]:
-        missing.append(dict(e, why=f"Ray sees {node['gpus']:g} GPUs, expected {e['gpus']}"))
+        why = "not registered with Ray under its gpufleet_node_ip"
+        if unknown:
+            why += f"; Ray has node(s) at {', '.join(unknown)}, which the inventory does not name: a node registered"
+            why += " with another address (check --node-ip-address, gpufleet_node_ip and the NIC carrying it)"
+        missing.append(dict(e, why=why))
+    elif node["gpus"] != e["gpus"]:
+        why = f"Ray sees {node['gpus']:g} GPU(s), the inventory declares gpufleet_gpu_count={e['gpus']}"
+        missing.append(dict(e, why=why + " (check the driver, the container toolkit and ray_cluster_num_gpus)"))
     elif node["cpus"] <= 0:
         missing.append(dict(e, why="Ray sees no CPUs"))
-print(json.dumps({"alive": alive, "missing": missing}))
+print(json.dumps({"alive": alive, "missing": missing, "unknown": unknown}))
