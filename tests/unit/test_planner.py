@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from gpufleet.fleet import plan_request_for_inventory
 from gpufleet.planner import (
     GpuDevice,
     Plan,
@@ -22,6 +24,7 @@ from gpufleet.planner import (
 from gpufleet.planner.arch import GIB, Param, Quantization, param_bytes, parse_arch, pp_layer_split
 
 DATA = Path(__file__).resolve().parents[1] / "data"
+REPO = Path(__file__).resolve().parents[2]
 SETTINGS = (
     "tensor_parallel_size",
     "pipeline_parallel_size",
@@ -755,3 +758,31 @@ def test_gpt_oss_rotary_cache_is_float32() -> None:
     }
     assert parse_arch(config).rotary_dtype_bytes == 4
     assert parse_arch(config | {"model_type": "llama"}).rotary_dtype_bytes == 0
+
+
+def test_inventory_expert_parallel_variable_changes_weights_per_rank(tmp_path: Path) -> None:
+    # vllm_service_enable_expert_parallel reaches the planner from the inventory (validate/plan -i), as the
+    # other vllm_service_* variables do. The model: Qwen3-30B-A3B cut to 4 layers, with 127 experts so that
+    # the 2 ranks of the example inventory cannot split them evenly: with EP the busiest rank holds 64 whole
+    # experts, without it every rank holds half of each of the 127.
+    models = Path(__file__).resolve().parent / "data" / "planner_models"
+    config = json.loads((models / "Qwen3-30B-A3B" / "config.json").read_text(encoding="utf-8"))
+    (tmp_path / "config.json").write_text(
+        json.dumps(config | {"num_experts": 127, "num_hidden_layers": 4}), encoding="utf-8"
+    )
+    inventory = tmp_path / "prod"
+    shutil.copytree(REPO / "inventories" / "prod", inventory)
+    group_vars = inventory / "group_vars" / "gpu_nodes.yml"
+    text = group_vars.read_text(encoding="utf-8").replace(
+        "gpufleet_model_config: ../../models/Qwen2.5-1.5B-Instruct/config.json",
+        f"gpufleet_model_config: {tmp_path / 'config.json'}",
+    )
+    group_vars.write_text(text, encoding="utf-8")
+    without = plan_request_for_inventory(inventory)
+    group_vars.write_text(text + "vllm_service_enable_expert_parallel: true\n", encoding="utf-8")
+    with_ep = plan_request_for_inventory(inventory)
+    assert (without.enable_expert_parallel, with_ep.enable_expert_parallel) == (False, True)
+    layers = 4
+    expert_bytes = 3 * 768 * 2048 * 2  # w13 (2 x 768) and w2 (768) rows of 2048, bf16, per expert and layer
+    difference = plan(with_ep).stages[0].decoder_layers_gib - plan(without).stages[0].decoder_layers_gib
+    assert difference * GIB == pytest.approx(layers * (64 - 127 / 2) * expert_bytes)

@@ -131,6 +131,7 @@ class ServingSpec(_Frozen):
     max_num_seqs: int | None = Field(default=None, gt=0)
     kv_cache_memory_gib: float | None = Field(default=None, gt=0)
     enforce_eager: bool = False
+    enable_expert_parallel: bool = False  # --enable-expert-parallel: MoE experts spread whole over the ranks
     served_model_name: str | None = Field(default=None, min_length=1)
     port: int = Field(default=8000, ge=1, le=65535)
 

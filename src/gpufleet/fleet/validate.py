@@ -68,7 +68,9 @@ def role_variables(root: Path | None = None) -> dict[str, str]:
     found: dict[str, str] = {}
     for spec_file in spec_files:
         role = spec_file.parent.parent.name
-        specs = yaml.safe_load(spec_file.read_text(encoding="utf-8")) or {}
+        # libyaml's safe loader when PyYAML has it (the same rules, ~10x faster: gpufleet plan -i reads these)
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        specs = yaml.load(spec_file.read_text(encoding="utf-8"), Loader=loader) or {}
         for entry in (specs.get("argument_specs") or {}).values():
             for option in (entry or {}).get("options") or {}:
                 found[str(option)] = role
