@@ -2,12 +2,18 @@
 
 Times, for each planner model of tests/unit/data/planner_models on an H100 (79.18 GiB): the whole
 ``gpufleet plan --json`` command as a user runs it (a fresh Python process: imports included), and
-``plan()`` alone, in-process, including a refused plan that searches for proposals. Writes a Markdown
-table to stdout. Usage: .venv/bin/python benchmarks/planner.py [REPEATS]
+``plan()`` alone, in-process, including a refused plan that searches for proposals; then
+``gpufleet plan -i inventories/prod`` (what validate and preflight run: the inventory read through
+ansible-core, the roles' argument specs, the fleet schema and the planner), wall and CPU seconds, with
+the load average beside them (the box is shared: wall time follows the load, CPU time much less).
+Writes Markdown to stdout.
+Usage: .venv/bin/python benchmarks/planner.py [REPEATS]
 """
 
 from __future__ import annotations
 
+import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -33,6 +39,20 @@ def cli_seconds(model: Path, extra: list[str], repeats: int) -> float:
     return statistics.median(times)
 
 
+def inventory_seconds(repeats: int) -> tuple[float, float]:
+    """Median wall and CPU (user + system of the child) seconds of ``gpufleet plan -i inventories/prod``."""
+    walls, cpus = [], []
+    for _ in range(repeats):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
+        cmd = [*CLI, "plan", "-i", str(ROOT / "inventories" / "prod")]
+        subprocess.run(cmd, capture_output=True, check=False)
+        walls.append(time.perf_counter() - start)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return statistics.median(walls), statistics.median(cpus)
+
+
 def plan_seconds(request: PlanRequest, repeats: int) -> float:
     times = []
     for _ in range(repeats):
@@ -55,6 +75,10 @@ def main() -> None:
             f"| {model.name} | {cli:.3f} | {plan_seconds(request, repeats * 10) * 1000:.2f} "
             f"| {plan_seconds(refused, repeats * 10) * 1000:.2f} |"
         )
+    load = os.getloadavg()[0]
+    wall, cpu = inventory_seconds(repeats)
+    print(f"\n`gpufleet plan -i inventories/prod`: {wall:.3f} s wall, {cpu:.3f} s CPU (median), ", end="")
+    print(f"load average {load:.1f}")
 
 
 if __name__ == "__main__":

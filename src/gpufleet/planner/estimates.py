@@ -26,8 +26,11 @@ returns 0 in the V2 runner, and nothing is captured with ``enforce_eager``)::
     GRAPH_BASE + layers_on_gpu x hidden x GRAPH_PER_LAYER_HIDDEN
 
 Non-torch memory: NON_TORCH_GIB per GPU (CUDA context and cuBLAS workspaces; 0.22-0.24 GiB on every
-H100 start-up), plus COLLECTIVES_GIB with several GPUs for NCCL and custom all-reduce buffers (measured
-on vLLM 0.7.2 with TP=2: 0.37-0.40 GiB in all; no multi-GPU start-up of 0.24 was measured).
+H100 start-up), plus COLLECTIVES_GIB with several GPUs (measured on vLLM 0.7.2 with TP=2: 0.37-0.40 GiB in
+all; no multi-GPU start-up of 0.24 was measured). In vLLM 0.24 that term is NCCL's own buffers (PyNccl), the
+custom all-reduce buffers (8 MiB + metadata per rank) and, on by default (VLLM_ALLREDUCE_USE_SYMM_MEM=1), a
+torch symmetric-memory all-reduce buffer (Hopper: 64 MiB for 2 ranks, 32 MiB for 4, 64 MiB for 6-8); NCCL's
+part depends on its channels and transport, so the constant stays until a TP=2 start-up of 0.24 is measured.
 
 Batching defaults follow ``vllm serve`` (V1, chunked prefill): 8192 batched tokens and 1024 sequences on
 GPUs with at least 70 GiB other than the A100, 2048 and 256 elsewhere.
