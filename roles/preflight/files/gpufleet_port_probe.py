@@ -1,9 +1,9 @@
-"""Probe the cluster network between the nodes before the cluster stage: can every node reach the head's ports?
+"""Probe the cluster network before the cluster stage: can every node reach the head's ports?
 
-  listen HOST PORTS SECONDS PEERS  on the head: listen on each PORT (comma-separated) that is free, accept until
-                                   PEERS connections reached each port or SECONDS passed; a PORT already in use
-                                   (Ray on a re-run) is left to its owner, which answers the probe itself.
-  connect HOST PORTS SECONDS       on the other nodes: connect to each PORT, retrying until SECONDS passed.
+  listen HOST PORTS SECONDS PEERS   on the head: listen on each free PORT (comma-separated), accept until
+                                    PEERS connections reached each port or SECONDS passed; a PORT in use
+                                    (Ray, on a re-run) is left to its owner, which answers the probe itself.
+  connect HOST PORTS SECONDS        on the other nodes: connect to each PORT, retrying until SECONDS passed.
 
 Prints one JSON object {PORT: outcome}; always exits 0 (the play judges the outcome).
 """
@@ -27,7 +27,8 @@ def listen(host: str, ports: list[int], seconds: float, peers: int) -> dict[str,
             sock.bind((host, port))
         except OSError as exc:
             sock.close()
-            outcome[str(port)] = "in use" if exc.errno == errno.EADDRINUSE else f"cannot listen: {exc.strerror}"
+            in_use = exc.errno == errno.EADDRINUSE
+            outcome[str(port)] = "in use" if in_use else f"cannot listen: {exc.strerror}"
             continue
         sock.listen(16)
         sock.setblocking(False)
@@ -55,7 +56,9 @@ def connect(host: str, ports: list[int], seconds: float) -> dict[str, str]:
                     outcome[str(port)] = "ok"
                     break
             except OSError as exc:
-                reason = "timed out (packets dropped?)" if isinstance(exc, TimeoutError) else exc.strerror or str(exc)
+                reason = exc.strerror or str(exc)
+                if isinstance(exc, TimeoutError):
+                    reason = "timed out (packets dropped?)"
                 if time.monotonic() >= deadline:
                     outcome[str(port)] = reason
                     break
