@@ -207,10 +207,24 @@ def check_image(
     return findings
 
 
-def check_executor(executor: str, image: ImageFacts) -> tuple[str, list[Finding]]:
-    """The executor to use (``auto``: ray when the image has Ray, else mp) and any refusal."""
+def check_executor(executor: str, image: ImageFacts, start_ray: object = "auto") -> tuple[str, list[Finding]]:
+    """The executor to use (``auto``: ray when the image has Ray, else mp) and any refusal.
+
+    ``start_ray`` is ray_cluster_start_ray (auto, or a boolean): with false, ray_cluster keeps idle
+    containers, so ``auto`` means mp and ``ray`` cannot work.
+    """
+    no_ray_started = str(start_ray).strip().lower() in ("false", "no", "0", "off")
+    if executor == "ray" and no_ray_started:
+        return executor, [
+            Finding(
+                "vllm_service_executor",
+                "ray while ray_cluster_start_ray is false (the containers run no Ray)",
+                "Ray started by ray_cluster for the ray executor",
+                "set vllm_service_executor to auto or mp, or ray_cluster_start_ray to auto",
+            )
+        ]
     if executor == "auto":
-        return ("ray" if image.has_ray is not False else "mp"), []
+        return ("ray" if image.has_ray is not False and not no_ray_started else "mp"), []
     if executor == "ray" and image.has_ray is False:
         return executor, [
             Finding(

@@ -107,6 +107,15 @@ def test_executor_auto_follows_the_image_and_ray_without_ray_is_refused() -> Non
     assert findings and findings[0].variable == "vllm_service_executor" and "auto or mp" in findings[0].fix
 
 
+def test_ray_cluster_start_ray_false_means_mp_and_refuses_the_ray_executor() -> None:
+    assert check_executor("auto", V0101, start_ray=False) == ("mp", [])
+    assert check_executor("auto", V0101, start_ray="auto") == ("ray", [])
+    _, findings = check_executor("ray", V0101, start_ray="false")
+    assert findings and "ray_cluster_start_ray is false" in findings[0].found
+    assert "ray_cluster_start_ray to auto" in findings[0].fix
+    assert check_executor("ray", V0101, start_ray=True) == ("ray", [])
+
+
 def prod_copy(tmp_path: Path, **variables: object) -> Path:
     inventory = tmp_path / "prod"
     shutil.copytree(REPO / "inventories" / "prod", inventory)
@@ -128,6 +137,12 @@ def test_validate_refuses_the_old_pair_in_one_line(tmp_path: Path) -> None:
     (problem,) = result.problems
     assert problem.variable == "ray_cluster_image"
     assert "550.163.01" in str(problem) and "RTX 3090" in str(problem) and "\n" not in str(problem)
+
+
+def test_validate_refuses_the_ray_executor_without_ray_started(tmp_path: Path) -> None:
+    inventory = prod_copy(tmp_path, vllm_service_executor="ray", ray_cluster_start_ray=False)
+    (problem,) = validate_inventory(inventory).problems
+    assert problem.variable == "vllm_service_executor" and "ray_cluster_start_ray is false" in str(problem)
 
 
 def test_image_contents_are_read_from_the_image_itself(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ DEFAULTS_FROM = {
     "cuda_toolkit_version": "cuda_toolkit",
     "ray_cluster_image": "ray_cluster",
     "vllm_service_executor": "vllm_service",
+    "ray_cluster_start_ray": "ray_cluster",
 }
 
 
@@ -38,7 +39,9 @@ def check_compatibility(fleet: FleetSpec, variables: Mapping[str, Any], root: Pa
     """Every mismatch between the fleet's driver, toolkit, image, executor and GPUs."""
     value = _values(variables, root)
     image = image_facts(str(value["ray_cluster_image"]), _from_bundle(fleet, str(value["ray_cluster_image"])))
-    executor, findings = check_executor(str(value.get("vllm_service_executor") or "auto"), image)
+    executor, findings = check_executor(
+        str(value.get("vllm_service_executor") or "auto"), image, value.get("ray_cluster_start_ray", "auto")
+    )
     gpus = [(node.name, node.gpus.model or "") for node in fleet.nodes if node.gpu and node.gpus.count]
     if gpus and value.get("nvidia_driver_version"):
         driver = str(value["nvidia_driver_version"])
