@@ -1,8 +1,10 @@
-"""Run the roles' rendered Ray-executor configuration as two "nodes" on one 2-GPU machine (the device side).
+"""Run the roles' rendered Ray-executor configuration on one GPU machine (the device side): two "nodes" on a
+2-GPU machine (shapes ``tp2``, ``pp2``), or the head alone on one GPU (shape ``tp1``: no worker rendered).
 
-Input: the folders ``ray_render.sh`` writes (``tp2/``, ``pp2/``): per node the ray_cluster role's container
-environment (``<node>.ray.env``) and systemd unit (``<node>.ray.service``), and for the head vllm_service's
-``head.yaml`` / ``head.env`` and what ray_cluster's wait probe expects (``head.expected.json``).
+Input: the folders ``ray_render.sh`` writes (``tp2/``, ``pp2/``, ``tp1/``, ``tp1ray/``): per node the
+ray_cluster role's container environment (``<node>.ray.env``) and systemd unit (``<node>.ray.service``), and
+for the head vllm_service's ``head.yaml`` / ``head.env`` and what ray_cluster's wait probe expects
+(``head.expected.json``).
 
 1. Ray: each node is one ``ray start`` process with the arguments the unit passes to the container
    (``--entrypoint=ray IMAGE start ...``, taken from the unit's ExecStart as it is), the environment of the
@@ -12,9 +14,11 @@ environment (``<node>.ray.env``) and systemd unit (``<node>.ray.service``), and 
    reports every node with its GPU, then ``ray status``.
 2. Per shape: ``vllm serve --config head.yaml`` on the head, with the head node's environment plus
    ``head.env`` (the role's ``docker exec --env-file`` into the head's container); ready = GET /v1/models
-   with the key lists the served model; a chat completion with the key (200) and without (401); ``ray
-   status`` while it serves; a short ``vllm bench serve``; SIGTERM to vLLM as the role's control script
-   sends it, SIGKILL to its group after vllm_service_stop_timeout; GPU memory afterwards.
+   with the key lists the served model; a chat completion with the key (200) and without (401); GET
+   /metrics (200, ``vllm:`` metrics); ``ray status`` while it serves (every GPU of the cluster in use when
+   head.yaml says ``distributed-executor-backend: ray``, none when it names no executor: vLLM's own); a
+   short ``vllm bench serve``; SIGTERM to vLLM as the role's control script sends it, SIGKILL to its group
+   after vllm_service_stop_timeout; GPU memory afterwards.
 3. Stop both Ray nodes with SIGTERM (docker stop), then ``ray stop --force`` if anything is left.
 
 Nothing rendered is edited. Usage:
@@ -48,7 +52,7 @@ HERE = Path(__file__).resolve().parent
 PROBE = HERE.parent.parent / "roles" / "ray_cluster" / "files" / "ray_nodes.py"
 RAY = "import sys; sys.argv[0] = 'ray'; from ray.scripts.scripts import main; sys.exit(main())"
 VLLM = "import sys; sys.argv[0] = 'vllm'; from vllm.entrypoints.cli.main import main; main()"
-NODES = {"head": 0, "worker": 1}  # node -> its GPU
+GPUS = {"head": 0, "worker": 1}  # node -> its GPU
 STOP_TIMEOUT = 60  # vllm_service_stop_timeout
 RAY_STOP_TIMEOUT = 30  # ray_cluster_stop_timeout
 LOG_KEYS = (
@@ -134,7 +138,10 @@ class Cluster:
     def __init__(self, rendered: Path, out: Path, extra: list[str]) -> None:
         self.rendered, self.out, self.extra = rendered, out, extra
         self.procs: dict[str, Popen] = {}
-        self.args = {node: ray_start_args(rendered / f"{node}.ray.service") for node in NODES}
+        # The nodes rendered for this shape: head and worker, or the head alone (tp1)
+        self.nodes = [node for node in GPUS if (rendered / f"{node}.ray.service").exists()]
+        self.gpus = f"{len(self.nodes)}.0 GPU"  # as `ray status` writes the cluster's total
+        self.args = {node: ray_start_args(rendered / f"{node}.ray.service") for node in self.nodes}
         self.head_ip = arg_value(self.args["head"], "--node-ip-address")
         self.address = f"{self.head_ip}:{arg_value(self.args['head'], '--port')}"
 
@@ -143,12 +150,12 @@ class Cluster:
         return (
             os.environ
             | env_file(self.rendered / f"{node}.ray.env")
-            | {"CUDA_VISIBLE_DEVICES": str(NODES[node])}
+            | {"CUDA_VISIBLE_DEVICES": str(GPUS[node])}
         )
 
     def start(self, node: str) -> None:
         cmd = [sys.executable, "-c", RAY, *self.args[node], *self.extra]
-        say(self.out, f"ray {node}: CUDA_VISIBLE_DEVICES={NODES[node]} ray", shlex.join(cmd[3:]))
+        say(self.out, f"ray {node}: CUDA_VISIBLE_DEVICES={GPUS[node]} ray", shlex.join(cmd[3:]))
         log = (self.out / f"ray-{node}.log").open("w")
         self.procs[node] = Popen(
             cmd, env=self.env(node), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -260,7 +267,7 @@ def run_shape(cluster: Cluster, shape_dir: Path, out: Path, deadline: float) -> 
     shape = shape_dir.name
     say(out, f"=== {shape}: TP {cfg['tensor-parallel-size']} x PP {cfg['pipeline-parallel-size']}", base)
     say(out, f"--- head.yaml (as rendered)\n{(shape_dir / 'head.yaml').read_text(encoding='utf-8')}")
-    for node in NODES:
+    for node in cluster.nodes:
         same = (shape_dir / f"{node}.ray.service").read_bytes() == (
             cluster.rendered / f"{node}.ray.service"
         ).read_bytes()
@@ -304,12 +311,26 @@ def run_shape(cluster: Cluster, shape_dir: Path, out: Path, deadline: float) -> 
             say(out, f"chat with key: {with_key} in {took:.2f} s, answer {answer!r}")
             say(out, f"chat without key: {without_key} {body_nokey[:120]!r}")
             say(out, f"/v1/models without key: {models_nokey}")
-            gpus_used = "2.0/2.0 GPU" in cluster.status_until(f"{shape} serving", "2.0/2.0 GPU", 20)
+            metrics, text = http(f"{base}/metrics", None)
+            vllm_lines = [x for x in text.splitlines() if x.startswith("vllm:")]
+            (out / f"{shape}-metrics.txt").write_text(text, encoding="utf-8")
+            some = [x[:120] for x in vllm_lines if "num_requests" in x or "prompt_tokens_total" in x]
+            say(out, f"GET /metrics without key: {metrics}, {len(vllm_lines)} vllm: samples, e.g.", some[:4])
+            # "1.0/1.0 GPU" (or 2.0/2.0): every GPU of the cluster held by vLLM's Ray workers; without
+            # distributed-executor-backend (one GPU: the role renders none) vLLM runs its own, Ray holds none.
+            on_ray = cfg.get("distributed-executor-backend") == "ray"
+            busy = f"{cluster.gpus[:-4] if on_ray else '0.0'}/{cluster.gpus}"
+            say(
+                out, f"executor in head.yaml: {cfg.get('distributed-executor-backend')}; Ray must show {busy}"
+            )
+            gpus_used = busy in cluster.status_until(f"{shape} serving", busy, 20)
             ok = (
                 listed == [name]
                 and with_key == 200
                 and without_key == 401
                 and models_nokey == 401
+                and metrics == 200
+                and len(vllm_lines) > 0
                 and gpus_used
             )
             left = deadline - time.time() - 90
@@ -342,7 +363,7 @@ def run_shape(cluster: Cluster, shape_dir: Path, out: Path, deadline: float) -> 
     say(out, f"stop (SIGTERM): vLLM {stopped} in {took:.1f} s; GPU MiB used {used} "
         f"({'free' if freed else 'NOT free'} {time.time() - t3:.1f} s after the exit)")  # fmt: skip
     ok &= freed
-    cluster.status_until(f"{shape} after stop", "0.0/2.0 GPU", 20)
+    cluster.status_until(f"{shape} after stop", f"0.0/{cluster.gpus}", 20)
     lines = (out / f"{shape}-vllm.log").read_text(errors="replace").splitlines()
     keys = [x for x in lines if any(k in x for k in LOG_KEYS)][:60]
     text = "\n".join(x[:400] for x in [*keys, "...", *lines[-20 if ok else -80 :]])
@@ -376,7 +397,7 @@ def main() -> None:
     cluster = Cluster(a.rendered / a.shapes[0], a.out, a.ray_arg)
     passed: list[bool] = []
     try:
-        for node in NODES:
+        for node in cluster.nodes:
             say(
                 a.out,
                 f"--- {node}.ray.env (as rendered)\n{(cluster.rendered / f'{node}.ray.env').read_text()}",
@@ -384,14 +405,15 @@ def main() -> None:
         cluster.start("head")
         up = cluster.wait_port()
         say(a.out, f"head GCS {cluster.address} answers: {up}")
-        cluster.start("worker")
+        if "worker" in cluster.nodes:
+            cluster.start("worker")
         probe = cluster.probe()
         ray_ok = bool(probe.get("alive")) and not probe.get("missing")
         say(
             a.out,
             f"ray_cluster probe (files/ray_nodes.py): {json.dumps(probe)}; {'PASS' if ray_ok else 'FAIL'}",
         )
-        ray_ok &= "/2.0 GPU" in cluster.status_until("both nodes up", "/2.0 GPU")
+        ray_ok &= f"/{cluster.gpus}" in cluster.status_until("every node up", f"/{cluster.gpus}")
         passed.append(ray_ok)
         if ray_ok and not a.ray_only:
             for shape in a.shapes:
