@@ -23,6 +23,8 @@ PUBLISHED_FACTS = frozenset(
         "gpufleet_ray_nodes_alive",
         "gpufleet_ray_nodes_expected",
         "gpufleet_ray_gpus",
+        "gpufleet_ray_nodes_missing",
+        "gpufleet_nodes",
         "gpufleet_verify",
     }
 )

@@ -193,19 +193,37 @@ def _verified(verify: VerifyResult) -> RenderableType:
 
 
 def print_status_report(console: Console, report: StatusReport) -> None:
+    """Ray's nodes (the missing ones by name), vLLM, each node's problems, stale figures marked stale."""
+    from gpufleet.runner.core import FleetStatus  # noqa: PLC0415  (core imports the report models too)
+
     ray = "unknown" if report.ray_nodes_alive is None else f"{report.ray_nodes_alive}"
     if report.ray_nodes_expected is not None:
         ray += f" of {report.ray_nodes_expected}"
+    detail = report if isinstance(report, FleetStatus) else None
+    if detail and detail.ray_nodes_missing:
+        ray += "; missing: " + ", ".join(node.host for node in detail.ray_nodes_missing)
     console.print(f"Ray nodes alive: {ray}" + (f", {report.ray_gpus:g} GPUs" if report.ray_gpus else ""))
     console.print(f"vLLM ready: {'yes' if report.vllm_ready else 'no'}")
-    console.print(_details((report.stage,), report.endpoint, report.served_model, report.vllm))
+    stale = detail is not None and detail.vllm_facts_stale
+    console.print(_details((report.stage,), report.endpoint, report.served_model, report.vllm, stale=stale))
+    if detail is not None:
+        for line in detail.problems:
+            console.print(Text(line, style="red"), highlight=False)
+        notes = sorted({f"{node.gpu_note} ({node.host})" for node in detail.nodes if node.gpu_note})
+        for note in notes:
+            console.print(Text("GPU memory check skipped: " + note, style="yellow"), highlight=False)
     console.print(
         Text("healthy" if report.ok else "not healthy", style="bold green" if report.ok else "bold red")
     )
 
 
 def _details(
-    stages: tuple[StageResult, ...], endpoint: str | None, model: str | None, vllm: VllmFacts | None
+    stages: tuple[StageResult, ...],
+    endpoint: str | None,
+    model: str | None,
+    vllm: VllmFacts | None,
+    *,
+    stale: bool = False,
 ) -> RenderableType:
     lines: list[RenderableType] = []
     for stage in stages:
@@ -222,7 +240,11 @@ def _details(
     if endpoint:
         lines.append(Text(f"endpoint: {endpoint}" + (f" (model {model})" if model else ""), style="bold"))
     if vllm is not None:
+        if stale:
+            lines.append(Text("vLLM is not serving: these figures are stale", style="yellow"))
         for name, label, shape in _FACTS:
             if (value := getattr(vllm, name)) is not None:
-                lines.append(Text(f"vLLM {label}: " + shape.format(value)))
+                mark = " (stale: last run; vLLM is down)" if stale else ""
+                text = f"vLLM {label}: " + shape.format(value) + mark
+                lines.append(Text(text, style="dim" if stale else ""))
     return Group(*lines)

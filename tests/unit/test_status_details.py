@@ -1,0 +1,164 @@
+"""`gpufleet status` names what is wrong (issue 13 items 2 and 8): the Ray nodes that are missing, a node
+whose container is down, vLLM processes outside the service and GPU memory held outside it, and start-up
+figures that are stale because vLLM is down. The playbook's facts are fed to status() as
+playbooks/status.yml publishes them (tests/integration/test_supervision.py runs the playbook itself)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from gpufleet.runner import core
+from gpufleet.runner.core import FleetStatus
+from gpufleet.runner.progress import print_status_report
+from gpufleet.runner.report import HostResult, StageResult
+
+HOSTS = ("node1", "node2", "node3")
+NO_GPU = "no nvidia-smi on this host (no GPU driver)"
+FACTS = {"weights_gib": 0.01, "ready_seconds": 41.5, "served_model_name": "tiny"}
+
+
+def node(container: str = "running", orphans: tuple[dict[str, Any], ...] = (), **gpu: Any) -> dict[str, Any]:
+    return {
+        "container": container,
+        "container_unit": "active" if container == "running" else "activating",
+        "vllm_unit": "active",
+        "procs": {
+            "orphans": list(orphans),
+            "gpu": gpu or {"checked": False, "why": NO_GPU, "outside": []},
+        },
+    }
+
+
+def healthy_facts() -> dict[str, Any]:
+    return {
+        "gpufleet_vllm_ready": True,
+        "gpufleet_ray_nodes_alive": 3,
+        "gpufleet_ray_nodes_expected": 3,
+        "gpufleet_ray_nodes_missing": [],
+        "gpufleet_nodes": {host: node() for host in HOSTS},
+        "gpufleet_vllm_facts": FACTS,
+        "gpufleet_endpoint": "http://10.0.0.1:8000/v1",
+    }
+
+
+def run_status(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, facts: dict[str, Any]) -> FleetStatus:
+    stage = StageResult(name="status", status="ok", seconds=1.0, hosts=(HostResult(host="node1"),))
+
+    def fake_run(*_: Any) -> tuple[list[StageResult], dict[str, tuple[str, Any]]]:
+        return [stage], {name: ("node1", value) for name, value in facts.items()}
+
+    monkeypatch.setattr(core, "_run", fake_run)
+    (tmp_path / "hosts.yml").write_text("all: {}\n", encoding="utf-8")
+    report = core.status(tmp_path / "hosts.yml")
+    assert isinstance(report, FleetStatus)
+    return report
+
+
+def shown(report: FleetStatus) -> str:
+    console = Console(width=200, record=True, color_system=None)
+    print_status_report(console, report)
+    return console.export_text()
+
+
+def test_a_whole_fleet_is_healthy(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    report = run_status(monkeypatch, tmp_path, healthy_facts())
+
+    assert report.ok and report.problems == []
+    text = shown(report)
+    assert "healthy" in text and "not healthy" not in text and "stale" not in text
+    assert "GPU memory check skipped: no nvidia-smi" in text
+
+
+def test_the_missing_ray_node_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    facts = healthy_facts() | {
+        "gpufleet_ray_nodes_alive": 2,
+        "gpufleet_ray_nodes_missing": [
+            {
+                "host": "node3",
+                "ip": "10.0.0.3",
+                "gpus": 0,
+                "why": "not registered with Ray under its gpufleet_node_ip",
+            }
+        ],
+    }
+    report = run_status(monkeypatch, tmp_path, facts)
+
+    assert not report.ok
+    assert [m.host for m in report.ray_nodes_missing] == ["node3"]
+    text = shown(report)
+    assert "Ray nodes alive: 2 of 3; missing: node3" in text
+    assert "Ray does not report node3: not registered with Ray" in text
+
+
+def test_a_down_worker_container_is_not_healthy_even_while_ray_still_counts_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    facts = healthy_facts()  # Ray has not noticed yet: 3 of 3 alive
+    facts["gpufleet_nodes"]["node2"] = node("exited")
+    report = run_status(monkeypatch, tmp_path, facts)
+
+    assert not report.ok
+    text = shown(report)
+    assert "node2: the Ray container is exited" in text
+    assert "not healthy" in text
+
+
+def test_an_unreachable_node_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    facts = healthy_facts()
+    facts["gpufleet_nodes"]["node3"] = {"container": "unreachable"}
+    report = run_status(monkeypatch, tmp_path, facts)
+
+    assert not report.ok
+    assert "node3: unreachable" in shown(report)
+
+
+def test_figures_are_marked_stale_while_vllm_is_down(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    report = run_status(monkeypatch, tmp_path, healthy_facts() | {"gpufleet_vllm_ready": False})
+
+    assert report.vllm_facts_stale and not report.ok
+    text = shown(report)
+    assert "vLLM start to ready: 41.5 s (stale: last run; vLLM is down)" in text
+
+
+def test_fresh_figures_are_not_marked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    report = run_status(monkeypatch, tmp_path, healthy_facts())
+
+    assert not report.vllm_facts_stale
+    assert "vLLM start to ready: 41.5 s\n" in shown(report)
+
+
+def test_orphans_are_reported_with_pid_and_memory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    facts = healthy_facts()
+    orphan = {"pid": 4242, "container_pid": 57, "cmd": "VLLM::EngineCore", "rss_mib": 2210, "marked": True}
+    facts["gpufleet_nodes"]["node1"] = node(orphans=(orphan,))
+    report = run_status(monkeypatch, tmp_path, facts)
+
+    assert not report.ok
+    said = "node1: 1 vLLM process(es) outside the service: pid 4242 'VLLM::EngineCore' (2210 MiB)"
+    assert said in shown(report)
+
+
+def test_gpu_memory_outside_the_service_is_reported(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    facts = healthy_facts()
+    holder = {"pid": 777, "mib": 30000, "cmd": "python3 train.py", "in_container": False}
+    facts["gpufleet_nodes"]["node1"] = node(checked=True, why="", outside=[holder])
+    report = run_status(monkeypatch, tmp_path, facts)
+
+    assert not report.ok
+    said = "node1: GPU memory held by processes outside the service: pid 777 'python3 train.py' 30000 MiB"
+    assert said in shown(report)
+
+
+def test_an_unreadable_node_report_is_a_problem_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    facts = healthy_facts()
+    facts["gpufleet_nodes"]["node1"] = {"container": "running", "procs": {"orphans": [{"pid": "x"}]}}
+    report = run_status(monkeypatch, tmp_path, facts)
+
+    assert not report.ok
+    assert "node1: vLLM's processes could not be listed: unreadable report" in shown(report)
