@@ -3,7 +3,10 @@
 
 The marker file ``.gpufleet-model.json`` in the model directory says what is there: repo, revision and
 every file with size and sha256. It is written only after every file matched, and removed before any
-file is touched, so a partial or corrupt model is never taken for a good one.
+file is touched, so a partial or corrupt model is never taken for a good one. A file that is not on the
+list (an injected ``*.safetensors``), a missing or changed one, a symlink or a special file makes the
+directory not good, so it is fetched again and repaired (``prune``), never trusted. ``promote`` moves a
+received copy from its staging directory into place only after every file in it matched.
 """
 
 from __future__ import annotations
@@ -25,8 +28,14 @@ options:
   from_git:
     {type: bool, default: false, description: Take the expected files from the git-lfs checkout at HEAD.}
   verify: {type: str, default: sha256, choices: [sha256, size], description: How deeply to check files.}
-  state: {type: str, default: check, choices: [check, record, invalidate], description: "check: report only;
-    record: check and write the marker when all is well; invalidate: remove the marker."}
+  state:
+    {type: str, default: check, choices: [check, record, promote, invalidate], description: "check: report
+    only; record: check and write the marker when all is well; promote: check the staging directory, then move
+    its files into place, remove every other file and write the marker; invalidate: remove the marker."}
+  staging:
+    {type: path, default: "", description: "With state=promote: the directory a copy was received into."}
+  prune:
+    {type: bool, default: false, description: "With state=record: first remove files that are not expected."}
   dedupe_lfs: {type: bool, default: false, description: Hard-link .git/lfs/objects to the checked-out files.}
 """
 
@@ -45,7 +54,7 @@ ok:
   returned: always
   type: bool
 problems:
-  description: One line per missing, extra or changed file.
+  description: One line per missing, extra or changed file, symlink or special file.
   returned: always
   type: list
   elements: str
@@ -57,11 +66,18 @@ files:
   description: Every file with its size and sha256 (or git blob).
   returned: always
   type: dict
+removed:
+  description: Files removed because the list does not name them (prune, promote).
+  returned: always
+  type: list
+  elements: str
 """
 
 import hashlib
 import json
 import os
+import shutil
+import stat
 import subprocess
 from typing import TYPE_CHECKING, Any
 
@@ -110,10 +126,52 @@ def files_from_git(path: str) -> dict[str, FileEntry]:
     return expected
 
 
+def present_files(path: str) -> tuple[set[str], list[str]]:
+    """Every regular file under path (relative; not .git, not the marker), and what is not file nor dir."""
+    files: set[str] = set()
+    odd: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(path):
+        here = os.path.relpath(dirpath, path)
+        for name in list(dirnames):
+            if (here == "." and name == ".git") or os.path.islink(os.path.join(dirpath, name)):
+                dirnames.remove(name)
+                if name != ".git" or here != ".":
+                    odd.append(os.path.normpath(os.path.join(here, name)))
+        for name in filenames:
+            rel = os.path.normpath(os.path.join(here, name))
+            if rel != MARKER:
+                mode = os.lstat(os.path.join(dirpath, name)).st_mode
+                (files.add(rel) if stat.S_ISREG(mode) else odd.append(rel))
+    return files, sorted(odd)
+
+
+def strangers(path: str, files: Mapping[str, Any]) -> list[str]:
+    """One line per file the list does not name, and per symlink or special file."""
+    present, odd = present_files(path)
+    lines = [
+        f"{name}: extra file, not in the expected list (injected or stale)"
+        for name in sorted(present - set(files))
+    ]
+    return lines + [f"{name}: a symlink or special file, expected regular files only" for name in odd]
+
+
+def prune(path: str, files: Mapping[str, Any]) -> list[str]:
+    """Remove every file, symlink and special file the list does not name (a symlinked directory too)."""
+    present, odd = present_files(path)
+    removed = sorted(present - set(files)) + odd
+    for name in removed:
+        full = os.path.join(path, name)
+        if os.path.isdir(full) and not os.path.islink(full):
+            shutil.rmtree(full)
+        else:
+            os.unlink(full)
+    return removed
+
+
 def check_file(path: str, name: str, want: Mapping[str, Any], verify: str) -> tuple[str | None, str | None]:
     full = os.path.join(path, name)
-    if not os.path.isfile(full):
-        return f"{name}: missing", None
+    if os.path.islink(full) or not os.path.isfile(full):
+        return f"{name}: {'a symlink, expected a regular file' if os.path.islink(full) else 'missing'}", None
     size = os.path.getsize(full)
     if size != want["size"]:
         return f"{name}: size {size}, expected {want['size']} (partial or corrupt)", None
@@ -176,7 +234,11 @@ def run(module: AnsibleModule) -> dict[str, Any]:
         present = os.path.exists(marker_path)
         if present and not module.check_mode:
             os.unlink(marker_path)
-        return {"changed": present, "ok": False}
+        return {"changed": present, "ok": False, "removed": []}
+    if params["state"] == "promote":
+        return promote(module)
+    listed = expected_files(module, path)[0] if params["prune"] else {}
+    removed = prune(path, listed) if listed and not module.check_mode else []  # no list: never prune all
     marker = read_marker(path)
     files, revision = expected_files(module, path)
     problems: list[str] = []
@@ -190,9 +252,12 @@ def run(module: AnsibleModule) -> dict[str, Any]:
         if problem:
             problems.append(problem)
         recorded[name] = {"sha256": digest or want.get("sha256"), "size": want["size"]}
+    if files:
+        problems += strangers(path, files)
     wanted = {"repo": params["repo"], "revision": revision, "files": recorded}
     result: dict[str, Any] = {
-        "changed": False,
+        "changed": bool(removed),
+        "removed": removed,
         "ok": not problems,
         "problems": problems,
         "revision": revision,
@@ -213,6 +278,47 @@ def run(module: AnsibleModule) -> dict[str, Any]:
     return result
 
 
+def promote(module: AnsibleModule) -> dict[str, Any]:
+    """Check the staging copy against the list; only then move it into place, prune the rest, mark it."""
+    params = module.params
+    path, staging, files = params["path"], params["staging"], params["files"]
+    if not staging or not files:
+        module.fail_json(msg="state=promote needs staging and files (the expected list)")
+    problems = [] if os.path.isdir(staging) else [f"{staging}: no received copy"]
+    if not problems:
+        problems += [f"{p} (in {staging})" for p in strangers(staging, files)]
+        for name, want in sorted(files.items()):
+            problem, _digest = check_file(staging, name, want, "sha256")
+            if problem:
+                problems.append(f"{problem} (in {staging})")
+    result: dict[str, Any] = {"changed": False, "ok": not problems, "problems": problems, "files": files}
+    result.update(revision=params["revision"], recorded=False, removed=[])
+    if module.check_mode:
+        return result
+    if problems:  # nothing of it reaches the model directory
+        shutil.rmtree(staging, ignore_errors=True)
+        result["changed"] = True
+        return result
+    marker_path = os.path.join(path, MARKER)
+    if os.path.exists(marker_path):
+        os.unlink(marker_path)
+    os.makedirs(path, exist_ok=True)
+    for name in sorted(files):
+        target = os.path.join(path, name)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if os.path.islink(target) or os.path.isdir(target):
+            (os.unlink if os.path.islink(target) else shutil.rmtree)(target)
+        os.replace(os.path.join(staging, name), target)
+    result["removed"] = prune(path, files)
+    shutil.rmtree(staging, ignore_errors=True)
+    wanted = {"repo": params["repo"], "revision": params["revision"], "files": files}
+    with open(marker_path + ".tmp", "w") as out:
+        json.dump(wanted, out, indent=1, sort_keys=True)
+    os.replace(marker_path + ".tmp", marker_path)
+    result.update(changed=True, recorded=True)
+    return result
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -222,7 +328,13 @@ def main() -> None:
             "files": {"type": "dict", "default": {}},
             "from_git": {"type": "bool", "default": False},
             "verify": {"type": "str", "default": "sha256", "choices": ["sha256", "size"]},
-            "state": {"type": "str", "default": "check", "choices": ["check", "record", "invalidate"]},
+            "state": {
+                "type": "str",
+                "default": "check",
+                "choices": ["check", "record", "promote", "invalidate"],
+            },
+            "staging": {"type": "path", "default": ""},
+            "prune": {"type": "bool", "default": False},
             "dedupe_lfs": {"type": "bool", "default": False},
         },
         supports_check_mode=True,

@@ -1,7 +1,14 @@
-"""The chain relay that image_distribution and model_fetch run on nodes, exercised on loopback."""
+"""The chain relay that image_distribution and model_fetch run on nodes, exercised on loopback.
+
+Issue 13: the relay took the first connection without authentication, and a full disk on a receiver reached
+the operator as "Connection reset ... open TCP port 18432". Now both ends prove a per-run token (a 0600
+file, never argv), and every failure names its cause, the host and the path or port, up the whole chain.
+Tests that mount file systems or make network namespaces need root (the lab's machines have it).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -9,11 +16,13 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 RELAY = Path(__file__).resolve().parents[2] / "roles/image_distribution/files/gpufleet_relay.py"
+ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a file system: needs root")
 
 
 def free_port() -> int:
@@ -23,20 +32,58 @@ def free_port() -> int:
         return port
 
 
-def receiver(*args: str) -> subprocess.Popen[str]:
+def token_file(path: Path, token: str = "t" * 32) -> Path:
+    path.write_text(token)
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture
+def token(tmp_path: Path) -> Path:
+    return token_file(tmp_path / "token")
+
+
+def receiver(token: Path, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, str(RELAY), "recv", "--timeout", "20", *args], stdout=subprocess.PIPE, text=True
+        [sys.executable, str(RELAY), "recv", "--timeout", "20", "--token-file", str(token), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
-def send(port: int, *args: str) -> subprocess.CompletedProcess[str]:
+def send(
+    port: int, token: Path, *args: str, prefix: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(RELAY), "send", "--to", f"127.0.0.1:{port}", *args],
+        [
+            *prefix,
+            sys.executable,
+            str(RELAY),
+            "send",
+            "--to",
+            f"127.0.0.1:{port}",
+            "--token-file",
+            str(token),
+            *args,
+        ],
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=60,
         check=False,
     )
+
+
+def said(out: str) -> dict[str, object]:
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    assert lines, out
+    result: dict[str, object] = json.loads(lines[-1])
+    return result
+
+
+def finished(proc: subprocess.Popen[str]) -> tuple[int, dict[str, object]]:
+    code = proc.wait(timeout=30)
+    return code, said(proc.stdout.read() if proc.stdout else "")
 
 
 @pytest.fixture
@@ -46,51 +93,249 @@ def payload(tmp_path: Path) -> tuple[Path, str]:
     return path, hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_chain_of_three_delivers_identical_files(tmp_path: Path, payload: tuple[Path, str]) -> None:
+def test_chain_of_three_delivers_identical_files(
+    tmp_path: Path, payload: tuple[Path, str], token: Path
+) -> None:
     src, digest = payload
     ports = [free_port() for _ in range(3)]
     procs = []
     for index in reversed(range(3)):
         nxt = ["--next", f"127.0.0.1:{ports[index + 1]}"] if index < 2 else []
+        out = str(tmp_path / f"n{index}.bin")
         procs.append(
-            receiver(
-                "--listen",
-                f"127.0.0.1:{ports[index]}",
-                "--out",
-                str(tmp_path / f"n{index}.bin"),
-                "--sha256",
-                digest,
-                *nxt,
-            )
+            receiver(token, "--listen", f"127.0.0.1:{ports[index]}", "--out", out, "--sha256", digest, *nxt)
         )
     time.sleep(0.3)
-    assert send(ports[0], "--file", str(src)).returncode == 0
+    assert send(ports[0], token, "--file", str(src)).returncode == 0
     for proc in procs:
-        assert proc.wait(timeout=30) == 0
-        assert json.loads(proc.stdout.read() if proc.stdout else "{}")["ok"]
+        code, result = finished(proc)
+        assert code == 0 and result["ok"], result
     for index in range(3):
         assert (tmp_path / f"n{index}.bin").read_bytes() == src.read_bytes()
 
 
-def test_checksum_mismatch_removes_the_file_and_exits_3(tmp_path: Path, payload: tuple[Path, str]) -> None:
+def test_checksum_mismatch_removes_the_file_and_exits_3(
+    tmp_path: Path, payload: tuple[Path, str], token: Path
+) -> None:
     src, _digest = payload
     port = free_port()
-    proc = receiver("--listen", f"127.0.0.1:{port}", "--out", str(tmp_path / "out.bin"), "--sha256", "0" * 64)
+    out = str(tmp_path / "out.bin")
+    proc = receiver(token, "--listen", f"127.0.0.1:{port}", "--out", out, "--sha256", "0" * 64)
     time.sleep(0.3)
-    send(port, "--file", str(src))
-    assert proc.wait(timeout=30) == 3
-    assert "expected 0000" in (proc.stdout.read() if proc.stdout else "")
+    sent = send(port, token, "--file", str(src))
+    code, result = finished(proc)
+    assert code == 3 and "expected 0000" in str(result["error"])
+    assert said(sent.stdout)["cause"] == "checksum", sent.stdout  # the sender names the cause too
     assert not (tmp_path / "out.bin").exists() and not (tmp_path / "out.bin.part").exists()
 
 
-def test_directory_travels_as_a_tar_stream(tmp_path: Path) -> None:
+def test_directory_travels_as_a_tar_stream(tmp_path: Path, token: Path) -> None:
     source = tmp_path / "model"
     (source / ".git").mkdir(parents=True)
     (source / "config.json").write_text("{}")
     (source / "model.safetensors").write_bytes(os.urandom(100_000))
     port = free_port()
-    proc = receiver("--listen", f"127.0.0.1:{port}", "--untar", str(tmp_path / "copy"))
+    proc = receiver(token, "--listen", f"127.0.0.1:{port}", "--untar", str(tmp_path / "copy"))
     time.sleep(0.3)
-    assert send(port, "--tar-dir", str(source)).returncode == 0
+    assert send(port, token, "--tar-dir", str(source)).returncode == 0
     assert proc.wait(timeout=30) == 0
     assert sorted(p.name for p in (tmp_path / "copy").iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_a_peer_without_the_token_gets_nothing_in_and_the_real_sender_still_can(
+    tmp_path: Path, payload: tuple[Path, str], token: Path
+) -> None:
+    """Before: the first connection was the sender, whoever it was; an attacker's tar went into the model."""
+    src, digest = payload
+    port = free_port()
+    out = tmp_path / "out.bin"
+    proc = receiver(token, "--listen", f"127.0.0.1:{port}", "--out", str(out), "--sha256", digest)
+    time.sleep(0.3)
+    with socket.create_connection(("127.0.0.1", port)) as raw:  # no handshake at all: raw bytes
+        raw.sendall(os.urandom(4096))
+        raw.settimeout(5)
+        with contextlib.suppress(OSError):
+            while raw.recv(4096):
+                pass
+    wrong = send(port, token_file(tmp_path / "wrong", "w" * 32), "--file", str(src))
+    assert wrong.returncode == 5 and said(wrong.stdout)["cause"] == "auth", wrong.stdout
+    assert not out.exists() and not Path(str(out) + ".part").exists()
+    assert send(port, token, "--file", str(src)).returncode == 0
+    code, result = finished(proc)
+    assert code == 0 and result["ok"] and out.read_bytes() == src.read_bytes()
+    assert "did not prove the run's token" in (proc.stderr.read() if proc.stderr else "")
+
+
+def test_a_sender_refuses_a_receiver_without_the_token(tmp_path: Path, payload: tuple[Path, str]) -> None:
+    src, digest = payload
+    port = free_port()
+    proc = receiver(
+        token_file(tmp_path / "a", "a" * 32), "--listen", f"127.0.0.1:{port}", "--out", str(tmp_path / "o")
+    )
+    time.sleep(0.3)
+    sent = send(port, token_file(tmp_path / "b", "b" * 32), "--file", str(src))
+    assert sent.returncode == 5 and said(sent.stdout)["cause"] == "auth"
+    proc.kill()
+    proc.wait()
+    del digest
+
+
+def test_a_token_file_others_can_read_is_refused(tmp_path: Path, payload: tuple[Path, str]) -> None:
+    loose = token_file(tmp_path / "loose")
+    loose.chmod(0o644)
+    sent = send(free_port(), loose, "--file", str(payload[0]))
+    assert sent.returncode == 5 and "readable by others" in str(said(sent.stdout)["error"])
+
+
+def test_the_token_is_never_in_argv(token: Path) -> None:
+    help_text = subprocess.run(
+        [sys.executable, str(RELAY), "recv", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "--token-file" in help_text and "--token " not in help_text
+
+
+@contextlib.contextmanager
+def mounted(where: Path, options: str) -> Iterator[Path]:
+    where.mkdir(exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "gpufleet-test", str(where)], check=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+@ROOT
+def test_a_full_disk_is_named_with_host_path_and_bytes_not_as_a_blocked_port(
+    tmp_path: Path, token: Path
+) -> None:
+    """Before: the sender said "Connection reset ... open TCP port 18432 or set fanout"."""
+    src = tmp_path / "big.bin"
+    src.write_bytes(os.urandom(3 << 20))
+    digest = hashlib.sha256(src.read_bytes()).hexdigest()
+    with mounted(tmp_path / "small", "size=1m") as small:
+        port = free_port()
+        proc = receiver(
+            token,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--name",
+            "node2",
+            "--out",
+            str(small / "x.bin"),
+            "--sha256",
+            digest,
+        )
+        time.sleep(0.3)
+        sent = send(port, token, "--file", str(src))
+        code, result = finished(proc)
+    told = said(sent.stdout)
+    assert code == 6 and result["cause"] == "disk_full", result
+    assert sent.returncode == 6 and told["cause"] == "disk_full", sent.stdout
+    message = str(told["error"])
+    assert f"node2: disk full writing {small}/x.bin.part" in message and "bytes free in" in message, message
+    assert "TCP port" not in message
+
+
+@ROOT
+def test_too_little_space_is_refused_before_a_byte_moves_when_the_size_is_known(
+    tmp_path: Path, payload: tuple[Path, str], token: Path
+) -> None:
+    src, digest = payload
+    with mounted(tmp_path / "small", "size=1m") as small:
+        port = free_port()
+        args = [
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--name",
+            "node2",
+            "--out",
+            str(small / "x.bin"),
+            "--sha256",
+            digest,
+        ]
+        proc = receiver(token, *args, "--size", str(src.stat().st_size))
+        time.sleep(0.3)
+        sent = send(port, token, "--file", str(src))
+        finished(proc)
+    message = str(said(sent.stdout)["error"])
+    assert f"needs {src.stat().st_size} bytes" in message and "node2" in message, message
+
+
+@ROOT
+def test_a_full_disk_in_the_middle_of_a_chain_reaches_the_sender(tmp_path: Path, token: Path) -> None:
+    src = tmp_path / "big.bin"
+    src.write_bytes(os.urandom(3 << 20))
+    digest = hashlib.sha256(src.read_bytes()).hexdigest()
+    first, second = free_port(), free_port()
+    with mounted(tmp_path / "small", "size=1m") as small:
+        last = receiver(
+            token, "--listen", f"127.0.0.1:{second}", "--name", "node3", "--out", str(small / "x")
+        )
+        head = receiver(
+            token, "--listen", f"127.0.0.1:{first}", "--name", "node2", "--next", f"127.0.0.1:{second}",
+            "--next-name", "node3", "--out", str(tmp_path / "x"), "--sha256", digest,
+        )  # fmt: skip
+        time.sleep(0.3)
+        sent = send(first, token, "--file", str(src))
+        finished(head)
+        finished(last)
+    told = said(sent.stdout)
+    assert told["cause"] == "disk_full" and "node3: disk full" in str(told["error"]), sent.stdout
+
+
+@ROOT
+def test_a_read_only_staging_directory_is_named_as_permission_denied(
+    tmp_path: Path, payload: tuple[Path, str], token: Path
+) -> None:
+    with mounted(tmp_path / "ro", "ro,size=1m") as read_only:
+        port = free_port()
+        proc = receiver(token, "--listen", f"127.0.0.1:{port}", "--name", "node2", "--untar", str(read_only))
+        time.sleep(0.3)
+        sent = send(port, token, "--tar-dir", str(payload[0].parent))
+        code, _result = finished(proc)
+    told = said(sent.stdout)
+    assert code == 7 and told["cause"] == "permission", sent.stdout
+    assert f"node2: permission denied writing {read_only}" in str(told["error"])
+
+
+def test_nothing_listening_is_named_with_host_and_port(payload: tuple[Path, str], token: Path) -> None:
+    port = free_port()
+    sent = send(port, token, "--file", str(payload[0]), "--timeout", "1", "--to-name", "node2")
+    told = said(sent.stdout)
+    assert told["cause"] == "port_closed" and f"node2 (127.0.0.1): TCP port {port} refused" in str(
+        told["error"]
+    )
+
+
+NETNS = ("unshare", "--net")
+
+
+@ROOT
+def test_a_host_that_answers_nothing_is_named_as_down(payload: tuple[Path, str], token: Path) -> None:
+    """A fresh network namespace with loopback down: neither the relay port nor port 22 can answer."""
+    sent = send(18432, token, "--file", str(payload[0]), "--timeout", "1", "--to-name", "node2", prefix=NETNS)
+    told = said(sent.stdout)
+    assert told["cause"] == "host_down" and "node2 (127.0.0.1): host down or unreachable" in str(
+        told["error"]
+    )
+
+
+@ROOT
+def test_a_dropped_port_on_a_live_host_is_named_as_blocked(
+    tmp_path: Path, payload: tuple[Path, str], token: Path
+) -> None:
+    script = tmp_path / "blocked.sh"
+    script.write_text(
+        "set -e; ip link set lo up; iptables -A INPUT -p tcp --dport 18432 -j DROP\n"
+        f"{sys.executable} -c 'import socket,time; s=socket.create_server((\"127.0.0.1\",22)); time.sleep(9)'"
+        " >/dev/null 2>&1 &\n"
+        "sleep 0.3\n"
+        f"{sys.executable} {RELAY} send --to 127.0.0.1:18432 --to-name node2 --token-file {token} "
+        f"--file {payload[0]} --timeout 2\n"
+    )
+    sent = subprocess.run(
+        [*NETNS, "bash", str(script)], capture_output=True, text=True, timeout=60, check=False
+    )
+    told = said(sent.stdout)
+    assert told["cause"] == "port_blocked", sent.stdout + sent.stderr
+    assert "a firewall drops port 18432" in str(told["error"])

@@ -1,30 +1,45 @@
 #!/usr/bin/env python3
 """Pipelined chain copy between cluster nodes (no third-party packages: runs on any node's python3).
 
-Each receiver accepts one connection, writes the stream to a file (or into ``tar -x``) while forwarding the
-same bytes to the next node, so N nodes receive a file in about the time of one transfer and every link
-carries it once. Receiving, writing and forwarding run in separate threads joined by bounded queues
-(IN_FLIGHT bytes at most), so a slow disk or a slow next hop does not stall the upstream link until that
-buffer is full. The file is hashed as it streams and only renamed into place when its sha256 matches. A
-receiver confirms with one byte to its upstream only after its own copy is in place and its downstream has
-confirmed, so a sender that exits 0 knows that every node of the chain has the data.
+Each receiver accepts one authenticated connection, writes the stream to a file (or into ``tar -x`` in a
+staging directory) while forwarding the same bytes to the next node, so N nodes receive a file in about the
+time of one transfer and every link carries it once. Receiving, writing and forwarding run in separate
+threads joined by bounded queues (IN_FLIGHT bytes at most), so a slow disk or a slow next hop does not stall
+the upstream link until that buffer is full. The file is hashed as it streams and only renamed into place
+when its sha256 matches. A receiver confirms with one byte (ACK) to its upstream only after its own copy is
+in place and its downstream has confirmed, so a sender that exits 0 knows that every node has the data.
 
-  gpufleet_relay.py recv --listen IP:PORT (--out FILE --sha256 HEX | --untar DIR) [--next IP:PORT]
-  gpufleet_relay.py send --to IP:PORT (--file FILE | --tar-dir DIR)
+Trust: every connection starts with a mutual HMAC-SHA256 challenge over a per-run token that the control
+node generates and places in a 0600 file (--token-file; never in argv or logs). A peer without the token
+is dropped before a byte of data is read, and the receiver keeps waiting for the real sender.
+
+Diagnoses: a receiver that fails answers its upstream with NAK and one JSON line naming the host, the cause
+(disk_full, permission, port_blocked, port_closed, host_down, auth, checksum, network) and the path or port;
+every node up the chain passes it on, so the sender reports the real cause, not "connection reset".
+
+  gpufleet_relay.py recv --listen IP:PORT --token-file F (--out FILE --sha256 HEX | --untar DIR) [--size N]
+                         [--next IP:PORT] [--name HOST] [--next-name HOST]
+  gpufleet_relay.py send --to IP:PORT --token-file F (--file FILE | --tar-dir DIR) [--to-name HOST]
   gpufleet_relay.py probe --listen IP:PORT    (accept one connection and close it: a reachability test)
-Exit codes: 0 done, 2 usage, 3 checksum mismatch, 4 network or timeout.
+Exit codes: 0 done, 2 usage, 3 checksum mismatch, 4 network or timeout, 5 authentication,
+6 disk full, 7 permission denied.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import hashlib
+import hmac
 import json
 import os
 import queue
+import shutil
 import socket
 import struct
 import subprocess
+import sys
 import threading
 import time
 from typing import IO, TYPE_CHECKING, NoReturn
@@ -37,6 +52,22 @@ if TYPE_CHECKING:  # annotations only: nothing here runs, so older node Pythons 
 CHUNK = 1 << 20
 IN_FLIGHT = 64 << 20  # bytes received but not yet written and forwarded, at most
 ACK = b"\x06"
+NAK = b"\x15"
+HELLO = b"GFR1"
+NONCE = 16
+HANDSHAKE_TIMEOUT = 10.0
+EXIT = {"checksum": 3, "auth": 5, "disk_full": 6, "permission": 7}
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+NO_WRITE = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+class RelayError(Exception):
+    """A failure with its cause, the message the operator reads (host, path or port, fix)."""
+
+    def __init__(self, cause: str, message: str) -> None:
+        super().__init__(message)
+        self.cause = cause
+        self.message = message
 
 
 def address(text: str) -> tuple[str, int]:
@@ -44,35 +75,218 @@ def address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def connect(target: tuple[str, int], timeout: float) -> socket.socket:
+def read_token(path: str) -> bytes:
+    try:
+        info = os.stat(path)
+        with open(path, "rb") as src:
+            token = src.read().strip()
+    except OSError as exc:
+        raise RelayError("auth", f"cannot read the relay token {path}: {exc.strerror}") from None
+    if info.st_mode & 0o077:
+        raise RelayError(
+            "auth", f"the relay token {path} is readable by others (mode {oct(info.st_mode & 0o777)})"
+        )
+    if len(token) < 16:
+        raise RelayError("auth", f"the relay token {path} is shorter than 16 bytes")
+    return token
+
+
+def mac(token: bytes, role: bytes, first: bytes, second: bytes) -> bytes:
+    return hmac.new(token, role + first + second, hashlib.sha256).digest()
+
+
+def recv_exact(conn: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        got = conn.recv(size - len(data))
+        if not got:
+            raise ConnectionError(f"peer closed after {len(data)} of {size} handshake bytes")
+        data += got
+    return data
+
+
+def prove_sender(conn: socket.socket, token: bytes) -> None:
+    """Receiver side: challenge the peer; raises RelayError('auth') when it does not hold the token."""
+    mine = os.urandom(NONCE)
+    conn.sendall(HELLO + mine)
+    theirs = recv_exact(conn, NONCE)
+    if not hmac.compare_digest(recv_exact(conn, 32), mac(token, b"send", mine, theirs)):
+        raise RelayError("auth", "the peer did not prove the run's token")
+    conn.sendall(mac(token, b"recv", theirs, mine))
+
+
+def prove_receiver(conn: socket.socket, token: bytes, where: str) -> None:
+    """Sender side: answer the challenge and check the receiver's answer (a fake receiver gets no data)."""
+    hello = recv_exact(conn, len(HELLO) + NONCE)
+    if not hello.startswith(HELLO):
+        raise RelayError("auth", f"{where} is not a gpufleet relay (it answered {hello[:4]!r})")
+    theirs, mine = hello[len(HELLO) :], os.urandom(NONCE)
+    conn.sendall(mine + mac(token, b"send", theirs, mine))
+    answer = conn.recv(32)
+    if len(answer) < 32 and answer[:1] == NAK:  # refused us: the receiver says why
+        raise RelayError("auth", f"{where} refused this sender's token")
+    answer += recv_exact(conn, 32 - len(answer)) if 0 < len(answer) < 32 else b""
+    if not hmac.compare_digest(answer, mac(token, b"recv", mine, theirs)):
+        raise RelayError("auth", f"{where} did not prove the run's token: not the receiver this run started")
+
+
+def reachable(ip: str, port: int) -> bool:
+    """Whether the host answers at all on this port (connected or actively refused)."""
+    try:
+        socket.create_connection((ip, port), timeout=3).close()
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def unreachable(target: tuple[str, int], name: str, exc: OSError) -> RelayError:
+    """Why a connection failed: nothing listens (refused), the port is filtered, or the host is down."""
+    ip, port = target
+    who = f"{name} ({ip})" if name else ip
+    if isinstance(exc, ConnectionRefusedError):
+        return RelayError(
+            "port_closed",
+            f"{who}: TCP port {port} refused the connection: no relay listens there (its receiver did "
+            f"not start or already gave up) or a firewall rejects port {port}. Fix: see {who}'s own error; "
+            f"open TCP port {port} on the cluster network",
+        )
+    if reachable(ip, 22):
+        return RelayError(
+            "port_blocked",
+            f"{who}: TCP port {port} does not answer ({exc.strerror or exc}) while the host answers on "
+            f"port 22: a firewall drops port {port}. Fix: open TCP port {port} on {who}'s cluster network "
+            "address",
+        )
+    return RelayError(
+        "host_down",
+        f"{who}: host down or unreachable on the cluster network: neither port {port} nor port 22 answers "
+        f"({exc.strerror or exc}). Fix: power on or reconnect {who}, check its cluster network address",
+    )
+
+
+def connect(target: tuple[str, int], timeout: float, name: str) -> socket.socket:
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return socket.create_connection(target, timeout=30)
-        except OSError:
+            return socket.create_connection(target, timeout=min(30, max(1, deadline - time.monotonic())))
+        except OSError as exc:
             if time.monotonic() > deadline:
-                raise
+                raise unreachable(target, name, exc) from None
             time.sleep(0.2)
 
 
-def fail(code: int, message: str, abort: socket.socket | None = None) -> NoReturn:
-    print(json.dumps({"ok": False, "error": message}), flush=True)
+def disk_failure(host: str, path: str, need: int, done: int, exc: OSError | None) -> RelayError:
+    folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        free = -1
+    what = f" ({exc.strerror})" if exc else ""
+    need_text = f"needs {need} bytes" if need else "needs more space"
+    return RelayError(
+        "disk_full",
+        f"{host}: disk full writing {path}{what}: {need_text}, {max(free, 0)} bytes free in {folder}"
+        + (f" after {done} bytes written" if done else "")
+        + f". Fix: free at least {max(need - max(free, 0), 0) if need else 'some'} bytes on {host} in "
+        f"{folder}, or stage on a larger file system (image_distribution_tmp_dir for images; the model's "
+        "file system for models)",
+    )
+
+
+def io_failure(host: str, path: str, need: int, done: int, exc: OSError) -> RelayError:
+    if exc.errno in NO_SPACE:
+        return disk_failure(host, path, need, done, exc)
+    if exc.errno in NO_WRITE:
+        return RelayError(
+            "permission",
+            f"{host}: permission denied writing {path} ({exc.strerror}). Fix: make "
+            f"{os.path.dirname(path) or path} writable by the relay (root) on {host}: not read-only, "
+            "not immutable",
+        )
+    return RelayError("network", f"{host}: writing {path} failed: {exc}")
+
+
+def report(code_cause: str, message: str, abort: socket.socket | None = None) -> NoReturn:
+    print(json.dumps({"ok": False, "cause": code_cause, "error": message}), flush=True)
     if abort:  # reset, not close: the next node must see a broken stream, not a short one that ended well
         abort.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         abort.close()
-    os._exit(code)  # not sys.exit: worker threads may be blocked on a dead peer
+    os._exit(EXIT.get(code_cause, 4))  # not sys.exit: worker threads may be blocked on a dead peer
 
 
-def listen_once(args: argparse.Namespace) -> socket.socket:
+def nak(upstream: socket.socket, failure: RelayError) -> None:
+    """Tell the upstream node why, then let it read the line before the connection is reset."""
+    line = json.dumps({"cause": failure.cause, "error": failure.message}).encode() + b"\n"
+    try:
+        upstream.sendall(NAK + line)
+        upstream.shutdown(socket.SHUT_WR)
+        upstream.settimeout(0.2)
+        until = time.monotonic() + 1.0
+        while time.monotonic() < until and upstream.recv(CHUNK):
+            pass  # drain a little: closing with unread data resets at once, possibly before the line left
+    except OSError:
+        pass
+
+
+class Reply(threading.Thread):
+    """Reads the peer's verdict (ACK, or NAK with its reason) while data still flows the other way."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        super().__init__(name="reply", daemon=True)
+        self.conn = conn
+        self.acked = False
+        self.failure: RelayError | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            first = self.conn.recv(1)
+            if first == ACK:
+                self.acked = True
+            elif first == NAK:
+                data = b""
+                while not data.endswith(b"\n") and (more := self.conn.recv(4096)):
+                    data += more
+                reason = json.loads(data.decode() or "{}")
+                self.failure = RelayError(str(reason.get("cause", "network")), str(reason.get("error", "")))
+        except (OSError, ValueError):
+            pass
+
+    def verdict(self, timeout: float) -> tuple[bool, RelayError | None]:
+        self.join(timeout)
+        return self.acked, self.failure
+
+
+def listen(args: argparse.Namespace, token: bytes | None) -> socket.socket:
+    """Accept connections until one proves the token (probe: the first one)."""
     try:
         server = socket.create_server(address(args.listen))
     except OSError as exc:
-        fail(4, f"cannot listen on {args.listen}: {exc}")
-    server.settimeout(args.accept_timeout)  # short: a sender that failed must not leave receivers waiting
-    try:
-        conn, _peer = server.accept()
-    except socket.timeout:  # noqa: UP041 - an alias of TimeoutError only from Python 3.10; nodes may run 3.8
-        fail(4, f"no sender connected to {args.listen} within {args.accept_timeout} s")
+        cause = "port_busy" if exc.errno == errno.EADDRINUSE else "network"
+        report(cause, f"{args.name}: cannot listen on {args.listen}: {exc}")
+    deadline = time.monotonic() + args.accept_timeout
+    while True:
+        left = deadline - time.monotonic()
+        server.settimeout(max(left, 0.01))  # short: a sender that failed must not leave receivers waiting
+        try:
+            conn, peer = server.accept()
+        except socket.timeout:  # noqa: UP041 - an alias of TimeoutError only from Python 3.10; nodes may run 3.8
+            report(
+                "network", f"{args.name}: no sender connected to {args.listen} within {args.accept_timeout} s"
+            )
+        if token is None:
+            break
+        conn.settimeout(HANDSHAKE_TIMEOUT)
+        try:
+            prove_sender(conn, token)
+            break
+        except (RelayError, OSError) as exc:
+            print(json.dumps({"rejected": f"{peer[0]}:{peer[1]}", "why": str(exc)}), file=sys.stderr)
+            with contextlib.suppress(OSError):
+                conn.sendall(NAK)
+            conn.close()
     server.close()
     return conn
 
@@ -109,43 +323,127 @@ def read_chunk(conn: socket.socket) -> Chunk:
     return chunk if size == CHUNK else memoryview(chunk)[:size]
 
 
+def target_path(args: argparse.Namespace) -> str:
+    return str(args.untar or args.out + ".part")
+
+
+def check_space(args: argparse.Namespace) -> None:
+    if not args.size:
+        return
+    folder = args.untar or os.path.dirname(args.out) or "."
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return
+    if free < args.size:
+        raise disk_failure(args.name, args.untar or args.out, args.size, 0, None)
+
+
 def open_sink(args: argparse.Namespace) -> tuple[IO[bytes], subprocess.Popen[bytes] | None]:
-    if args.untar:
-        os.makedirs(args.untar, exist_ok=True)
-        proc = subprocess.Popen(["tar", "-x", "-C", args.untar, "--no-same-owner"], stdin=subprocess.PIPE)
-        assert proc.stdin is not None  # stdin=PIPE: Popen always opens it
-        return proc.stdin, proc
-    return open(args.out + ".part", "wb"), None
+    try:
+        if args.untar:
+            os.makedirs(args.untar, exist_ok=True)
+            probe = os.path.join(args.untar, ".gpufleet-write-test")
+            open(probe, "wb").close()  # tar would only say "Cannot open" per member: find out here, once
+            os.unlink(probe)
+            proc = subprocess.Popen(
+                ["tar", "-x", "-C", args.untar, "--no-same-owner", "--no-same-permissions"],
+                stdin=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            assert proc.stdin is not None  # stdin=PIPE: Popen always opens it
+            return proc.stdin, proc
+        return open(args.out + ".part", "wb"), None
+    except OSError as exc:
+        raise io_failure(args.name, target_path(args), args.size or 0, 0, exc) from None
 
 
 def close_sink(
-    args: argparse.Namespace, sink: IO[bytes], proc: subprocess.Popen[bytes] | None, digest: str
-) -> str | None:
+    args: argparse.Namespace, sink: IO[bytes], proc: subprocess.Popen[bytes] | None, digest: str, total: int
+) -> None:
     """Finish the local copy: tar's exit status, or fsync + sha256 check + rename into place."""
     if proc:
-        sink.close()
+        try:
+            sink.close()
+        except OSError as exc:
+            raise io_failure(args.name, args.untar, args.size or total, total, exc) from None
+        said = (proc.stderr.read() if proc.stderr else b"").decode(errors="replace")
         if proc.wait() != 0:
-            return f"tar -x into {args.untar} failed (exit {proc.returncode})"
-        return None
-    os.fsync(sink.fileno())
-    sink.close()
+            if "No space left" in said or "Disk quota" in said:
+                raise disk_failure(args.name, args.untar, args.size or total, total, None)
+            if "Permission denied" in said or "Read-only file system" in said:
+                raise RelayError(
+                    "permission",
+                    f"{args.name}: permission denied extracting into {args.untar}: {said.strip()[:300]}",
+                )
+            raise RelayError(
+                "network",
+                f"{args.name}: tar -x into {args.untar} failed (exit {proc.returncode}): "
+                f"{said.strip()[:300]}",
+            )
+        return
+    try:
+        os.fsync(sink.fileno())
+        sink.close()
+    except OSError as exc:
+        raise io_failure(args.name, args.out + ".part", args.size or total, total, exc) from None
     if args.sha256 and digest != args.sha256:
         os.unlink(args.out + ".part")
-        return f"{args.out}: sha256 {digest}, expected {args.sha256}; removed"
+        raise RelayError(
+            "checksum", f"{args.name}: {args.out}: sha256 {digest}, expected {args.sha256}; removed"
+        )
     os.replace(args.out + ".part", args.out)
-    return None
+
+
+def remove_partial(args: argparse.Namespace) -> None:
+    if not args.untar:
+        with contextlib.suppress(OSError):
+            os.unlink(args.out + ".part")
+
+
+def start(
+    args: argparse.Namespace, conn: socket.socket, token: bytes
+) -> tuple[socket.socket | None, IO[bytes], subprocess.Popen[bytes] | None]:
+    """Before any data: free space, the next node (authenticated), the sink; a failure is NAKed upstream."""
+    downstream: socket.socket | None = None
+    try:
+        check_space(args)
+        if args.next:
+            downstream = connect(address(args.next), args.timeout, args.next_name)
+            downstream.settimeout(args.timeout)
+            prove_receiver(downstream, token, args.next_name or args.next)
+        sink, proc = open_sink(args)
+    except RelayError as failure:
+        nak(conn, failure)
+        report(failure.cause, failure.message, abort=downstream)
+    return downstream, sink, proc
+
+
+def broken_stream(
+    args: argparse.Namespace, workers: list[Worker], reply: Reply | None, broken: str | None, total: int
+) -> RelayError:
+    """The cause of a failed stream: the disk, the next node (its own NAK), or the upstream link."""
+    failure = RelayError("network", broken or "")
+    for worker in workers:
+        if worker.error and worker.name == "write":
+            failure = io_failure(args.name, target_path(args), args.size or total, total, worker.error)
+        elif worker.error and reply:
+            _acked, said = reply.verdict(5)
+            failure = said or RelayError(
+                "network", f"{args.name}: forwarding to {args.next_name or args.next} broke: {worker.error}"
+            )
+    return failure
 
 
 def receive(args: argparse.Namespace) -> None:
-    conn = listen_once(args)
-    conn.settimeout(args.timeout)
     try:
-        downstream = connect(address(args.next), args.timeout) if args.next else None
-    except OSError as exc:
-        fail(4, f"cannot reach the next node {args.next}: {exc}")
-    if downstream:
-        downstream.settimeout(args.timeout)
-    sink, proc = open_sink(args)
+        token = read_token(args.token_file)
+    except RelayError as failure:
+        report(failure.cause, f"{args.name}: {failure.message}")
+    conn = listen(args, token)
+    conn.settimeout(args.timeout)
+    downstream, sink, proc = start(args, conn, token)
+    reply = Reply(downstream) if downstream else None
     workers = [Worker("write", sink.write)] + ([Worker("forward", downstream.sendall)] if downstream else [])
     digest, total, began, broken = hashlib.sha256(), 0, time.monotonic(), None
     try:
@@ -157,25 +455,31 @@ def receive(args: argparse.Namespace) -> None:
             if any(worker.error for worker in workers):
                 break
     except OSError as exc:
-        broken = f"stream broken after {total} bytes: {exc}"
+        broken = f"{args.name}: stream from upstream broken after {total} bytes: {exc}"
     errors = [worker.finish() for worker in workers]
     if broken or any(errors):
-        if not proc:
-            os.unlink(args.out + ".part")  # the file object is left to the exit: closing may raise again
-        failure = broken or "; ".join(f"{w.name} failed: {w.error}" for w in workers if w.error)
-        fail(4, failure, abort=downstream)
-    problem = close_sink(args, sink, proc, digest.hexdigest())
-    if downstream:
+        remove_partial(args)
+        cause = broken_stream(args, workers, reply, broken, total)
+        if not broken:
+            nak(conn, cause)
+        report(cause.cause, cause.message, abort=downstream)
+    problem: RelayError | None = None
+    try:
+        close_sink(args, sink, proc, digest.hexdigest(), total)
+    except RelayError as failed:
+        problem = failed
+    if downstream and reply:
         downstream.shutdown(socket.SHUT_WR)
-        try:
-            confirmed = downstream.recv(1) == ACK  # the next node has everything, and so has the rest
-        except OSError:
-            confirmed = False
+        confirmed, said = reply.verdict(args.timeout)
         downstream.close()
         if not confirmed and not problem:
-            fail(4, f"the next node {args.next} did not confirm the copy (see its own error)")
+            problem = said or RelayError(
+                "network",
+                f"{args.name}: the next node {args.next_name or args.next} did not confirm the copy",
+            )
     if problem:
-        fail(3, problem)
+        nak(conn, problem)
+        report(problem.cause, problem.message)
     conn.sendall(ACK)
     conn.close()
     seconds = time.monotonic() - began
@@ -185,11 +489,18 @@ def receive(args: argparse.Namespace) -> None:
 
 
 def send(args: argparse.Namespace) -> None:
+    where = args.to_name or args.to
     try:
-        sock = connect(address(args.to), args.timeout)
+        token = read_token(args.token_file)
+        sock = connect(address(args.to), args.timeout, args.to_name)
+        sock.settimeout(HANDSHAKE_TIMEOUT)
+        prove_receiver(sock, token, where)
+    except RelayError as failure:
+        report(failure.cause, failure.message)
     except OSError as exc:
-        fail(4, f"cannot connect to {args.to} within {args.timeout} s: {exc}")
+        report("network", f"handshake with {where} failed: {exc}")
     sock.settimeout(max(args.timeout, 300))
+    reply = Reply(sock)
     began, total = time.monotonic(), 0
     try:
         if args.tar_dir:
@@ -200,22 +511,27 @@ def send(args: argparse.Namespace) -> None:
                 sock.sendall(chunk)
                 total += len(chunk)
             if proc.wait() != 0:
-                fail(4, f"tar -c of {args.tar_dir} failed")
+                report("network", f"tar -c of {args.tar_dir} failed")
         else:
             with open(args.file, "rb") as src:
                 total = sock.sendfile(src)
         sock.shutdown(socket.SHUT_WR)
-        confirmed = sock.recv(1) == ACK
     except OSError as exc:
-        fail(4, f"stream to {args.to} broken after {total} bytes: {exc}")
+        _acked, said = reply.verdict(5)
+        if said:
+            report(said.cause, said.message)
+        report("network", f"stream to {where} broken after {total} bytes: {exc}")
+    confirmed, said = reply.verdict(max(args.timeout, 300) + 60)
     sock.close()
+    if said:
+        report(said.cause, said.message)
     if not confirmed:
-        fail(4, f"the chain behind {args.to} did not confirm the copy (see the receivers' errors)")
+        report("network", f"the chain behind {where} did not confirm the copy (see the receivers' errors)")
     print(json.dumps({"ok": True, "bytes": total, "seconds": round(time.monotonic() - began, 3)}))
 
 
 def probe(args: argparse.Namespace) -> None:
-    listen_once(args).close()
+    listen(args, None).close()
     print(json.dumps({"ok": True}))
 
 
@@ -224,19 +540,26 @@ def main() -> None:
     sub = parser.add_subparsers(dest="mode", required=True)
     recv = sub.add_parser("recv")
     recv.add_argument("--listen", required=True)
+    recv.add_argument("--token-file", required=True, help="0600 file holding the run's token")
     recv.add_argument("--out")
     recv.add_argument("--sha256")
     recv.add_argument("--untar")
+    recv.add_argument("--size", type=int, default=0, help="bytes expected (free space is checked first)")
     recv.add_argument("--next")
+    recv.add_argument("--name", default=socket.gethostname(), help="this host's name in messages")
+    recv.add_argument("--next-name", default="", help="the next host's name in messages")
     recv.add_argument("--timeout", type=float, default=300, help="seconds without data before giving up")
     recv.add_argument("--accept-timeout", type=float, default=120, help="seconds to wait for the sender")
     snd = sub.add_parser("send")
     snd.add_argument("--to", required=True)
+    snd.add_argument("--to-name", default="", help="the receiving host's name in messages")
+    snd.add_argument("--token-file", required=True, help="0600 file holding the run's token")
     snd.add_argument("--file")
     snd.add_argument("--tar-dir")
     snd.add_argument("--timeout", type=float, default=600, help="seconds to keep trying to connect")
     prb = sub.add_parser("probe")
     prb.add_argument("--listen", required=True)
+    prb.add_argument("--name", default=socket.gethostname())
     prb.add_argument("--accept-timeout", type=float, default=10)
     args = parser.parse_args()
     if args.mode == "recv" and bool(args.out) == bool(args.untar):
