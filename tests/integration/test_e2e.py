@@ -15,12 +15,16 @@ demo``'s; the serving image comes from ``~/.cache/gpufleet/serving-image``).
 
 from __future__ import annotations
 
+import shutil
+import socket
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import RunningLab, run_installed
+import yaml
+from conftest import REPO, VENV_BIN, RunningLab, ansible_env, run_installed
 from rich.console import Console
 
 from gpufleet.lab.demo import DIST, api_key_file, build_lab_bundle, chat, lab_plan, route_to_bridge
@@ -119,6 +123,34 @@ def test_ray_sees_three_nodes_and_vllm_is_ready(deployment: Deployment) -> None:
     assert report.endpoint == deployment.first.endpoint
 
 
+def test_the_executor_auto_chose_ray_for_an_image_with_ray(lab: RunningLab, deployment: Deployment) -> None:
+    """vllm_service_executor is left at its default (auto); the lab's image has Ray, so Ray serves: the head's
+    vLLM unit says so, and Ray (not an idle container) runs on every node."""
+    assert deployment.first.ok
+    head = lab.hosts[0]
+    unit = lab.ssh(head, ["systemctl", "show", "--property=Description", "--value", "gpufleet-vllm.service"])
+    # TP 1: vLLM runs its own in-process executor in the Ray head's container (no Ray worker for one device)
+    assert "uni executor) in container gpufleet-ray with Ray" in unit.stdout, unit.stdout
+    for host in lab.hosts:
+        container = lab.ssh(host, ["systemctl", "cat", "gpufleet-ray.service"])
+        started = "--entrypoint=ray" in container.stdout and "sleep" not in container.stdout
+        assert started, (host, container.stdout)
+
+
+def test_rays_ports_answer_the_nodes_but_not_other_hosts(lab: RunningLab, deployment: Deployment) -> None:
+    """The ray_cluster firewall: the control node (on the lab network, not a node of the fleet) is dropped
+    on every Ray port of the head, while a worker still reaches the head's GCS."""
+    head, worker = lab.inventory.hosts[0], lab.inventory.hosts[1]
+    for port in (6379, 6380, 10001):
+        with pytest.raises(OSError):
+            socket.create_connection((head.ip, port), timeout=3).close()
+    probe = f"import socket; socket.create_connection(('{head.ip}', 6379), 5).close(); print('reached')"
+    reached = lab.ssh(worker.name, ["python3", "-c", probe])
+    assert reached.returncode == 0 and "reached" in reached.stdout, reached.stderr
+    rules = lab.ssh(head.name, ["iptables", "-S", "GPUFLEET-RAY"])
+    assert f"-s {worker.ip}/32 -j RETURN" in rules.stdout, rules.stdout
+
+
 def test_a_completion_with_the_key_is_deterministic(deployment: Deployment) -> None:
     endpoint, model = deployment.first.endpoint, deployment.first.served_model
     assert endpoint and model == "tiny"
@@ -171,3 +203,146 @@ def test_status_reports_a_stopped_service_without_failing(deployment: Deployment
     assert not report.vllm_ready
     assert report.ray_nodes_alive == 0
     assert not report.ok
+
+
+# ----- after teardown: preflight checks broken on purpose, then an image without Ray (executor auto -> mp)
+# The images stay on the hosts after teardown; each case runs the stage's playbook from this checkout against
+# the deployed lab and restores what it broke.
+
+IMAGE = "gpufleet/vllm-cpu:0.32.0"
+NO_RAY = "gpufleet/vllm-cpu:0.32.0-noray"
+
+
+def playbook(inventory: Path, name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(REPO / "playbooks" / name), *args],
+        cwd=REPO,
+        env=ansible_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def image_without_ray(lab: RunningLab, deployment: Deployment) -> str:
+    """The lab image less Ray, made on the head (docker commit of a container that deleted Ray): what vLLM's
+    images from 0.19.1 on look like to gpufleet."""
+    head = lab.hosts[0]
+    script = (
+        "docker rm -f gpufleet-noray >/dev/null 2>&1; "
+        f"docker run --name gpufleet-noray --entrypoint /bin/sh {IMAGE} -c "
+        "'rm -rf /opt/vllm/bin/ray /opt/vllm/lib/python3*/site-packages/ray' && "
+        f"docker commit gpufleet-noray {NO_RAY} && docker rm gpufleet-noray"
+    )
+    made = lab.ssh(head, ["sh", "-c", script], timeout=600)
+    assert made.returncode == 0, made.stdout + made.stderr
+    return NO_RAY
+
+
+def test_preflight_refuses_a_worker_whose_image_differs_from_the_heads(
+    lab: RunningLab, deployment: Deployment, image_without_ray: str
+) -> None:
+    worker = lab.hosts[1]
+    original = lab.ssh(worker, ["docker", "image", "inspect", "--format", "{{.Id}}", IMAGE]).stdout.strip()
+    other = lab.ssh(worker, ["sh", "-c", f"docker image ls -q --no-trunc | grep -v {original} | head -1"])
+    assert other.stdout.strip(), "the worker needs a second image to point the tag at"
+    lab.ssh(worker, ["docker", "tag", other.stdout.strip(), IMAGE])
+    try:
+        run = playbook(deployment.inventory, "cluster.yml", "--check")
+    finally:
+        lab.ssh(worker, ["docker", "tag", original, IMAGE])
+    assert run.returncode != 0
+    assert f"{worker}: image {IMAGE} is {other.stdout.strip()} here but {original} on the head" in run.stdout
+
+
+def test_preflight_refuses_a_dev_shm_too_small_for_nccl(deployment: Deployment) -> None:
+    run = playbook(deployment.inventory, "cluster.yml", "--check", "-e", "ray_cluster_shm_size=64m")
+    assert run.returncode != 0
+    assert "the container's /dev/shm would be 0.06 GiB (ray_cluster_shm_size=64m)" in run.stdout, run.stdout[
+        -3000:
+    ]
+    assert "Fix: raise ray_cluster_shm_size" in run.stdout
+
+
+def test_preflight_names_a_blocked_cluster_port(lab: RunningLab, deployment: Deployment) -> None:
+    head = lab.hosts[0]
+    rule = ["INPUT", "-p", "tcp", "--dport", "29501", "-j", "DROP"]
+    lab.ssh(head, ["iptables", "-I", *rule])
+    try:
+        run = playbook(deployment.inventory, "preflight.yml", "-e", "preflight_port_probe_timeout=4")
+    finally:
+        lab.ssh(head, ["iptables", "-D", *rule])
+    assert run.returncode != 0
+    for worker in lab.hosts[1:]:
+        assert f"host {worker} (" in run.stdout and "cannot reach the head node1" in run.stdout
+    assert "TCP 29501 (vLLM's mp master port): timed out" in run.stdout, run.stdout[-3000:]
+    assert "TCP 6379" not in run.stdout  # the open port is not blamed
+    assert playbook(deployment.inventory, "preflight.yml").returncode == 0
+
+
+def test_preflight_refuses_a_model_that_does_not_fit_where_it_goes(
+    lab: RunningLab, deployment: Deployment
+) -> None:
+    """Sized from the bundle's lock: a 1 MiB tmpfs as the model directory of every node is refused per node,
+    naming the file system, the free and needed GiB and the fix; the images (already loaded) need nothing."""
+    for host in lab.hosts:
+        lab.ssh(host, ["sh", "-c", "mkdir -p /mnt/small && mount -t tmpfs -o size=1m tmpfs /mnt/small"])
+    try:
+        run = playbook(
+            deployment.inventory,
+            "preflight.yml",
+            *("-e", f"gpufleet_bundle_dir={deployment.bundle}", "-e", "gpufleet_model_dir=/mnt/small/tiny"),
+        )
+    finally:
+        for host in lab.hosts:
+            lab.ssh(host, ["umount", "/mnt/small"])
+    assert run.returncode != 0
+    assert (
+        "host node1: the file system of /mnt/small has 0.0 GiB free, the bundle still brings" in run.stdout
+    ), run.stdout[-3000:]
+    assert (
+        "model gpufleet/tiny-qwen2" in run.stdout
+        and "image" not in run.stdout.split("bundle still brings")[1][:200]
+    )
+
+
+def test_an_image_without_ray_serves_with_the_mp_executor_and_ray_is_refused(
+    lab: RunningLab, deployment: Deployment, image_without_ray: str, tmp_path: Path
+) -> None:
+    """One node (the head) with the image without Ray: `ray` is refused at the cluster stage's preflight
+    naming the fix; auto (the default) starts an idle container and vLLM's mp executor, which serves."""
+    single = tmp_path / "single"
+    single.mkdir()
+    head = lab.inventory.hosts[0]
+    hosts = yaml.safe_load(deployment.inventory.read_text(encoding="utf-8"))
+    groups = hosts["all"]["children"]["gpu_nodes"]["children"]
+    groups["ray_workers"] = {"hosts": {}}
+    (single / "hosts.yml").write_text(yaml.safe_dump(hosts), encoding="utf-8")
+    (single / "group_vars").symlink_to((deployment.inventory.parent / "group_vars").resolve())
+    shutil.copy(api_key_file(deployment.inventory), single / "gpufleet.apikey")
+    inventory = single / "hosts.yml"
+
+    refused = playbook(
+        inventory, "cluster.yml", "-e", f"ray_cluster_image={NO_RAY}", "-e", "vllm_service_executor=ray"
+    )
+    assert refused.returncode != 0
+    assert f"image {NO_RAY}" in refused.stdout and "has no `ray` command" in refused.stdout, refused.stdout[
+        -3000:
+    ]
+    assert "Fix: set vllm_service_executor to auto or mp" in refused.stdout
+
+    for stage in ("cluster.yml", "serve.yml"):
+        run = playbook(inventory, stage, "-e", f"ray_cluster_image={NO_RAY}")
+        assert run.returncode == 0, run.stdout[-4000:]
+    unit = lab.ssh(
+        head.name, ["systemctl", "show", "--property=Description", "--value", "gpufleet-vllm.service"]
+    )
+    assert "mp executor, rank 0" in unit.stdout, unit.stdout
+    container = lab.ssh(head.name, ["systemctl", "cat", "gpufleet-ray.service"]).stdout
+    assert "--entrypoint=sleep" in container, container
+    code, body = chat(f"http://{head.ip}:8000/v1", deployment.key, "tiny")
+    assert code == 200 and body["choices"][0]["message"]["content"], body
+    assert chat(f"http://{head.ip}:8000/v1", None, "tiny")[0] == 401
