@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StringConstraints,
+    ValidationError,
+)
 
 LOCK_NAME = "bundle.lock.yml"
 # Directories inside a bundle that belong to tools, not to the artifacts: a model clone's git metadata and
@@ -50,7 +58,7 @@ def inside(root: Path, relpath: str) -> Path:
 
 class LockedFile(_Model):
     path: BundlePath
-    size: int = Field(ge=0)
+    size: StrictInt = Field(ge=0)  # strict: YAML's true is not a size (pydantic would take it as 1)
     sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
     version: str
     source: str
@@ -139,17 +147,37 @@ def read_lock(root: Path) -> Lock:
         ) from None
     except ValidationError as exc:
         where = "; ".join(
-            f"{'.'.join(str(part) for part in error['loc']) or 'top level'}: {error['msg']}"
+            f"{'.'.join(str(part) for part in error['loc']) or 'top level'}: found "
+            f"{_shown(error.get('input'))}; expected {error['msg'][0].lower()}{error['msg'][1:]}"
             for error in exc.errors()
         )
         raise LockError(
             f"{path}: unreadable: not a valid lock ({where}). Fix: rebuild it with `gpufleet bundle build`."
         ) from None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+    except UnicodeDecodeError as exc:
+        raise LockError(
+            f"{path}: found bytes that are not UTF-8 at offset {exc.start}; expected the UTF-8 YAML text "
+            "`gpufleet bundle build` writes. Fix: rebuild the bundle with `gpufleet bundle build`."
+        ) from None
+    except NotADirectoryError:
+        raise LockError(
+            f"{root}: found a file; expected a bundle directory holding {LOCK_NAME}. "
+            "Fix: point at the directory `gpufleet bundle build --out` wrote."
+        ) from None
+    except (OSError, yaml.YAMLError) as exc:
         first = str(exc).splitlines()[0]
         raise LockError(
             f"{path}: unreadable ({first}). Fix: rebuild the bundle with `gpufleet bundle build`."
         ) from None
+
+
+def _shown(value: object) -> str:
+    """A found value for a message: short, and a mapping or list by its kind, not its whole content."""
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return repr(value)[:80]
 
 
 def bundle_files(root: Path) -> Iterator[str]:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gpufleet.lab import demo
+from gpufleet.commands.output import refuse
+from gpufleet.lab import LabError, demo
+from gpufleet.lab.state import check_name
 
 
 def register(subparsers: Any) -> None:
@@ -21,4 +23,17 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Arguments that cannot work are refused before the bundle is built or a host boots (exit 2)."""
+    problems = []
+    try:
+        check_name(args.name)
+    except LabError as error:
+        problems.append(str(error).removeprefix("lab: "))
+    if args.bundle.exists() and not args.bundle.is_dir():
+        problems.append(
+            f"--bundle: {args.bundle}: found a file; expected a bundle directory (an existing one is "
+            "completed and checked, a new one is built). Fix: pass a directory, e.g. --bundle dist/lab-bundle"
+        )
+    if problems:
+        return refuse(problems, code=2, as_json=args.json, prefix="gpufleet demo: ")
     return demo.main_with(args)

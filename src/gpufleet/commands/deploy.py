@@ -44,10 +44,49 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+def readable(inventory: Path) -> None:
+    """Raise InventoryError when the inventory cannot be read as one (binary, not UTF-8, no hosts file,
+    vars that are not mappings, no host in gpu_nodes): Ansible would otherwise run on an empty inventory,
+    match no host and report success. Unlike deploy's validation, a fleet that would not plan still passes:
+    teardown and status must work on it."""
+    if not inventory.exists():
+        return  # the runner names a missing inventory (exit 2)
+    from gpufleet.fleet.inventory import read_inventory  # noqa: PLC0415  (imports ansible)
+    from gpufleet.problems import Problem  # noqa: PLC0415
+
+    raw = read_inventory(inventory)
+    unreadable = [problem for problem in raw.problems if problem.variable == "-i"]
+    if not raw.members("gpu_nodes"):
+        unreadable.append(
+            Problem(
+                str(inventory),
+                "gpu_nodes",
+                "no hosts in group gpu_nodes",
+                "at least one host",
+                "pass the inventory of the fleet (hosts under gpu_nodes, in ray_head or ray_workers)",
+            )
+        )
+    if unreadable:
+        raise InventoryError(unreadable)
+
+
+def check_bundle(bundle: Path | None) -> None:
+    """A bundle whose lock cannot be read is refused before any stage runs (exit 2), not in preflight."""
+    if bundle is None or not (bundle / "bundle.lock.yml").is_file():
+        return  # the runner names a missing directory or lock
+    from gpufleet.bundle import LockError, read_lock  # noqa: PLC0415
+
+    try:
+        read_lock(bundle)
+    except LockError as error:
+        raise DeployError(f"--bundle {bundle}: {error}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     stages = args.stages.split(",") if args.stages is not None else None
 
     def call(progress: ProgressSink | None) -> DeployReport:
+        check_bundle(args.bundle)
         report = deploy(
             args.inventory,
             bundle=args.bundle,

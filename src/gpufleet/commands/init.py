@@ -92,6 +92,12 @@ def write_inventory(args: argparse.Namespace) -> list[str]:
             f"gpufleet init: templates: found none ({templates}); expected templates/inventory of the "
             "gpufleet collection. Fix: reinstall gpufleet, or set GPUFLEET_HOME to a gpufleet checkout"
         )
+    for parent in (args.directory, *args.directory.parents):
+        if parent.exists() and not parent.is_dir():
+            raise InitError(
+                f"gpufleet init: {args.directory}: found {parent} is a file, not a directory; expected a new "
+                "inventory directory. Fix: choose another DIR (init writes DIR/hosts.yml and DIR/group_vars/)"
+            )
     sources = sorted(path for path in templates.rglob("*.j2"))
     targets = [args.directory / path.relative_to(templates).with_suffix("") for path in sources]
     existing = [str(target) for target in targets if target.exists()]
@@ -125,15 +131,19 @@ def _context(args: argparse.Namespace) -> dict[str, Any]:
                 f"gpufleet init: --head/--worker: found {what.replace('_', ' ')} {', '.join(dupes)} "
                 "more than once; expected each host once. Fix: give every host its own name and addresses"
             )
-    if not MODEL.match(args.model):
+    if not MODEL.match(args.model) or any(part.startswith(".") for part in args.model.split("/")):
         raise InitError(
             f"gpufleet init: --model: found {args.model!r}; expected ORG/NAME. Fix: e.g. Qwen/Qwen3-8B"
         )
     if args.gpus_per_node < 1:
-        raise InitError(f"gpufleet init: --gpus-per-node: found {args.gpus_per_node}; expected 1 or more.")
+        raise InitError(
+            f"gpufleet init: --gpus-per-node: found {args.gpus_per_node}; expected 1 or more. "
+            "Fix: give the number of GPUs in each node, e.g. --gpus-per-node 8"
+        )
     if args.gpu_memory_gib is not None and not 0 < args.gpu_memory_gib < 10_000:
         raise InitError(
-            f"gpufleet init: --gpu-memory-gib: found {args.gpu_memory_gib}; expected GiB above 0."
+            f"gpufleet init: --gpu-memory-gib: found {args.gpu_memory_gib}; expected a finite number of GiB "
+            "above 0. Fix: give one GPU's memory as CUDA reports it, e.g. --gpu-memory-gib 79.18"
         )
     model_config = None
     if args.model_config is not None:
@@ -142,6 +152,7 @@ def _context(args: argparse.Namespace) -> dict[str, Any]:
                 f"gpufleet init: --model-config: {args.model_config}: no such file; expected the model's "
                 "config.json. Fix: pass the path of a copy of it"
             )
+        _check_model_config(args.model_config)
         model_config = os.path.relpath(args.model_config.resolve(), args.directory.resolve())
     name = args.model.split("/", 1)[1]
     return {
@@ -160,6 +171,28 @@ def _context(args: argparse.Namespace) -> dict[str, Any]:
         "pipeline_parallel_size": len(nodes),
         "world_size": args.gpus_per_node * len(nodes),
     }
+
+
+def _check_model_config(path: Path) -> None:
+    """The planner reads this file on every validate and plan: refuse now what it would refuse then."""
+    fix = "Fix: pass a copy of the model's own config.json (from its repository)"
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise InitError(
+            f"gpufleet init: --model-config: {path}: found bytes that are not UTF-8 at offset {error.start}; "
+            f"expected the model's config.json (JSON text). {fix}"
+        ) from None
+    except (OSError, ValueError) as error:
+        raise InitError(
+            f"gpufleet init: --model-config: {path}: found {str(error).splitlines()[0]}; expected the "
+            f"model's config.json (a JSON object). {fix}"
+        ) from None
+    if not isinstance(data, dict):
+        raise InitError(
+            f"gpufleet init: --model-config: {path}: found a JSON {type(data).__name__}; expected a JSON "
+            f"object (the model's config.json). {fix}"
+        )
 
 
 def _node(spec: str, *, head: bool) -> Node:

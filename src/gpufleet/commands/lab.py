@@ -14,6 +14,7 @@ from pathlib import Path
 
 from gpufleet.commands.output import emit, refuse
 from gpufleet.lab import DEFAULT_LAB, Lab, LabError, LabInventory
+from gpufleet.lab.core import INVENTORY_MARK
 from gpufleet.lab.rootfs import DEFAULT_SUITE, SUITES
 
 
@@ -28,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     up = commands.add_parser("up", help="boot fresh hosts and write their Ansible inventory")
     _add_name(up)
-    up.add_argument("--nodes", type=int, default=3, help="number of hosts (default: 3)")
+    up.add_argument("--nodes", type=_node_count, default=3, help="number of hosts (default: 3)")
     up.add_argument(
         "--suite", choices=SUITES, default=DEFAULT_SUITE, help="Debian suite (default: %(default)s)"
     )
@@ -58,6 +59,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     ssh.add_argument("node")
     ssh.add_argument("remote", nargs=argparse.REMAINDER, help="command to run (default: a login shell)")
     ssh.set_defaults(func=_guarded(_ssh))
+
+
+def _node_count(text: str) -> int:
+    """--nodes: 1 to 200 hosts, refused by argparse (exit 2) before anything is created."""
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= 200 or str(count) != text.strip():
+        raise argparse.ArgumentTypeError(
+            f"found {text!r}; expected a whole number of hosts from 1 to 200. Fix: e.g. --nodes 3"
+        )
+    return count
 
 
 def _add_name(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -107,6 +121,18 @@ def _report(inventory: LabInventory, action: str, seconds: float, as_json: bool)
 
 def _up(args: argparse.Namespace) -> int:
     started = time.monotonic()
+    target = args.inventory
+    if target is not None and Path(target).exists():
+        written_by_lab = Path(target).is_file() and Path(target).read_bytes().startswith(
+            INVENTORY_MARK.encode()
+        )
+        if not written_by_lab:
+            kind = "a directory" if Path(target).is_dir() else "a file that `gpufleet lab up` did not write"
+            raise LabError(
+                f"--inventory: {target}: found {kind}; expected a new file or one an earlier "
+                "`gpufleet lab up` wrote (lab down removes it). Fix: pass another path, e.g. "
+                "--inventory /tmp/lab-hosts.yml"
+            )
     lab = Lab(args.name, nodes=args.nodes, suite=args.suite, offline=args.offline, inventory=args.inventory)
     _report(lab.up(), "up", time.monotonic() - started, args.json)
     return 0

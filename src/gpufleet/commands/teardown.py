@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from gpufleet.commands.deploy import run_reporting
+from gpufleet.commands.deploy import readable, run_reporting
 from gpufleet.runner import DeployReport, ProgressSink, teardown
 from gpufleet.runner.progress import print_deploy_report
 
@@ -25,6 +25,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     def call(progress: ProgressSink | None) -> DeployReport:
+        readable(args.inventory)
         return teardown(args.inventory, limit=args.limit, progress=progress)
 
     return run_reporting(call, print_deploy_report, as_json=args.json)

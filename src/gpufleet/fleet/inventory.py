@@ -273,23 +273,23 @@ def _inventory_files(path: Path) -> Iterator[Path]:
             yield candidate
 
 
-def _unreadable(file: Path) -> Problem | None:
-    """A file Ansible would choke on: not UTF-8, or characters YAML does not allow (binary content)."""
+def _decode(file: Path) -> tuple[str | None, Problem | None]:
+    """The file's text, read once; or the problem Ansible would choke on (not UTF-8, binary content)."""
     data = file.read_bytes()
     fix = "save it as UTF-8 text, or move non-inventory files out of the inventory directory"
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
-        return Problem(
+        return None, Problem(
             str(file), "-i", f"bytes that are not UTF-8 at offset {error.start}", "UTF-8 text", fix
         )
     try:
         yaml.reader.Reader(text)
     except yaml.reader.ReaderError as error:
-        return Problem(
+        return None, Problem(
             str(file), "-i", f"character {error.character!r} at offset {error.position}", "text", fix
         )
-    return None
+    return text, None
 
 
 # Extensions Ansible skips in an inventory directory (INVENTORY_IGNORE_EXTS); every other file it reads.
@@ -321,20 +321,37 @@ def _read_by_ansible(path: Path) -> Iterator[Path]:
 
 
 def _duplicate_keys(path: Path) -> Iterator[Problem]:
-    unreadable = [problem for file in _read_by_ansible(path) if (problem := _unreadable(file)) is not None]
-    yield from unreadable
-    bad = {problem.where for problem in unreadable}
+    """Unreadable files (as -i problems), YAML files that are not mappings (-i too: Ansible stops on them
+    with "failed to combine variables", naming no file), and keys defined twice. Each file is read once."""
+    texts: dict[Path, str] = {}
+    for file in _read_by_ansible(path):
+        text, problem = _decode(file)
+        if problem is not None:
+            yield problem
+        elif text is not None:
+            texts[file] = text
     for file in _inventory_files(path):
-        if str(file) in bad:
+        if file not in texts:
             continue
-        loader = _DuplicateKeyLoader(file.read_text(encoding="utf-8"))
+        loader = _DuplicateKeyLoader(texts[file])
         loader.duplicates = []
         try:
-            loader.get_single_data()
+            data = loader.get_single_data()
         except yaml.YAMLError:
             continue  # Ansible's parser reports syntax errors with its own context
         finally:
             loader.dispose()
+        if data is not None and not isinstance(data, dict):
+            kind = "list" if isinstance(data, list) else f"{type(data).__name__} scalar"
+            yield Problem(
+                str(file),
+                "-i",
+                f"a YAML {kind} at the top level",
+                "a YAML mapping (`name: value` lines: hosts and groups in a hosts file, variables in "
+                "group_vars/host_vars)",
+                "write the file as a mapping, not a list or a bare value",
+            )
+            continue
         for key, line in loader.duplicates:
             yield Problem(
                 f"{file}:{line}",

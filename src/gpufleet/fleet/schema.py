@@ -8,6 +8,7 @@ inventory variable it comes from (``VARIABLES``), so that messages name what the
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,8 @@ class _Frozen(BaseModel):
         field = cls.model_fields.get(info.field_name or "")
         if isinstance(value, bool) and field is not None and _numeric(field.annotation):
             raise ValueError("a number, not true/false")
+        if isinstance(value, float) and not math.isfinite(value):  # YAML's .inf/.nan pass ge= checks
+            raise ValueError("a finite number, not .inf or .nan")
         return value
 
 

@@ -293,6 +293,8 @@ def _build_fleet(raw: RawInventory, hosts: list[RawHost], result: Validation) ->
                 "set gpufleet_bundle_dir to the directory `gpufleet bundle build --out` wrote",
             )
         )
+    elif bundle:
+        result.problems += _bundle_problems(raw, Path(bundle))
     if result.problems or model is None or serving is None or None in nodes:
         return None
     try:
@@ -303,8 +305,58 @@ def _build_fleet(raw: RawInventory, hosts: list[RawHost], result: Validation) ->
             bundle_dir=Path(bundle) if bundle else None,
             inventory=raw.path,
         )
-    except ValidationError:
-        return None  # the group checks above already said why (no head, several heads)
+    except ValidationError as error:  # said, never swallowed: a check here that the group checks lack
+        for detail in error.errors():
+            where = ".".join(str(part) for part in detail["loc"]) or "the fleet"
+            expected = str(detail["msg"]).removeprefix("Value error, ")
+            result.problems.append(
+                Problem(
+                    "inventory",
+                    where,
+                    repr(detail.get("input"))[:200],
+                    expected,
+                    "correct the inventory so that it describes one fleet (see `gpufleet init`)",
+                )
+            )
+        return None
+
+
+def _bundle_problems(raw: RawInventory, bundle: Path) -> list[Problem]:
+    """gpufleet_bundle_dir must be a bundle whose lock gpufleet can read (relative: to the inventory)."""
+    from gpufleet.bundle.lock import LOCK_NAME, LockError, read_lock  # noqa: PLC0415  (only with a bundle)
+
+    inventory_dir = raw.path if raw.path.is_dir() else raw.path.parent
+    path = bundle if bundle.is_absolute() else inventory_dir / bundle
+    fix = "set gpufleet_bundle_dir to the directory `gpufleet bundle build --out` wrote"
+    if not path.is_dir():
+        found = "a file" if path.exists() else "no such directory"
+        return [
+            Problem("group gpu_nodes", "gpufleet_bundle_dir", f"{path}: {found}", "a bundle directory", fix)
+        ]
+    if not (path / LOCK_NAME).is_file():
+        return [
+            Problem(
+                "group gpu_nodes",
+                "gpufleet_bundle_dir",
+                f"{path}: no {LOCK_NAME} in it",
+                "a bundle directory written by `gpufleet bundle build`",
+                fix,
+            )
+        ]
+    try:
+        read_lock(path)
+    except LockError as error:
+        said = str(error).split(" Fix: ")[0].rstrip(".")
+        return [
+            Problem(
+                "group gpu_nodes",
+                "gpufleet_bundle_dir",
+                f"an unreadable lock ({said})",
+                f"a readable {LOCK_NAME}",
+                "rebuild the bundle with `gpufleet bundle build`, or " + fix,
+            )
+        ]
+    return []
 
 
 def _duplicates(nodes: list[NodeSpec]) -> Iterator[Problem]:
