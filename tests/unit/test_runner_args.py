@@ -156,7 +156,7 @@ def test_runner_arguments_are_built_in_one_place(
         "timeout": 600,
         "event_handler": handler,
         "cancel_callback": cancel,
-        "settings": {"suppress_ansible_output": True, "suppress_output_file": True},
+        "settings": {"suppress_ansible_output": True, "suppress_output_file": True, "pexpect_timeout": 1},
     }
 
 

@@ -5,6 +5,7 @@ playbooks/status.yml publishes them (tests/integration/test_supervision.py runs 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +13,8 @@ import pytest
 from rich.console import Console
 
 from gpufleet.runner import core
-from gpufleet.runner.core import FleetStatus
 from gpufleet.runner.progress import print_status_report
-from gpufleet.runner.report import HostResult, StageResult
+from gpufleet.runner.report import HostResult, StageResult, StatusReport
 
 HOSTS = ("node1", "node2", "node3")
 NO_GPU = "no nvidia-smi on this host (no GPU driver)"
@@ -45,7 +45,7 @@ def healthy_facts() -> dict[str, Any]:
     }
 
 
-def run_status(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, facts: dict[str, Any]) -> FleetStatus:
+def run_status(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, facts: dict[str, Any]) -> StatusReport:
     stage = StageResult(name="status", status="ok", seconds=1.0, hosts=(HostResult(host="node1"),))
 
     def fake_run(*_: Any) -> tuple[list[StageResult], dict[str, tuple[str, Any]]]:
@@ -54,11 +54,11 @@ def run_status(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, facts: dict[str,
     monkeypatch.setattr(core, "_run", fake_run)
     (tmp_path / "hosts.yml").write_text("all: {}\n", encoding="utf-8")
     report = core.status(tmp_path / "hosts.yml")
-    assert isinstance(report, FleetStatus)
+    assert isinstance(report, StatusReport)
     return report
 
 
-def shown(report: FleetStatus) -> str:
+def shown(report: StatusReport) -> str:
     console = Console(width=200, record=True, color_system=None)
     print_status_report(console, report)
     return console.export_text()
@@ -162,3 +162,29 @@ def test_an_unreadable_node_report_is_a_problem_not_a_traceback(
 
     assert not report.ok
     assert "node1: vLLM's processes could not be listed: unreadable report" in shown(report)
+
+
+def test_the_json_report_carries_the_details_and_reads_back(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`gpufleet status --json` prints StatusReport.model_dump_json: the details are its own fields."""
+    facts = healthy_facts() | {
+        "gpufleet_vllm_ready": False,
+        "gpufleet_ray_nodes_missing": [{"host": "node3", "why": "gone"}],
+    }
+    report = run_status(monkeypatch, tmp_path, facts)
+    printed = json.loads(report.model_dump_json(indent=2))
+
+    assert printed["ray_nodes_missing"] == [{"host": "node3", "why": "gone"}]
+    assert [node["host"] for node in printed["nodes"]] == list(HOSTS)
+    assert printed["vllm_facts_stale"] is True
+    assert StatusReport.model_validate_json(report.model_dump_json()) == report
+
+
+def test_a_report_without_the_details_still_reads() -> None:
+    """A report as gpufleet printed it before the details existed (and a consumer's minimal one)."""
+    older = {"ok": True, "vllm_ready": True, "stage": {"name": "status", "status": "ok", "seconds": 1.0}}
+    report = StatusReport.model_validate(older)
+
+    assert (report.ray_nodes_missing, report.nodes, report.vllm_facts_stale) == ((), (), False)
+    assert report.problems == []

@@ -56,6 +56,7 @@ _RUNNER_ENV = frozenset(
         "RUNNER_ONLY_FAILED_EVENTS",
     }
 )
+PEXPECT_TIMEOUT = 1  # seconds; see runner_arguments
 _STATUS: dict[str, StageStatus] = {"successful": "ok", "canceled": "canceled", "timeout": "timeout"}
 Facts = dict[str, tuple[str, Any]]
 
@@ -133,7 +134,13 @@ def runner_arguments(
         "timeout": spec.timeout,
         "event_handler": event_handler,
         "cancel_callback": cancel_callback,
-        "settings": {"suppress_ansible_output": True, "suppress_output_file": True},
+        "settings": {
+            "suppress_ansible_output": True,
+            "suppress_output_file": True,
+            # How often ansible-runner asks cancel_callback while ansible-playbook is silent (default 5 s):
+            # a cancel must stop everything within gpufleet.runner.core.CANCEL_SECONDS.
+            "pexpect_timeout": PEXPECT_TIMEOUT,
+        },
     }
 
 

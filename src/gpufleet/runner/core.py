@@ -44,19 +44,35 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from gpufleet.paths import project_root
 from gpufleet.runner.arguments import Facts, RunSpec, restrict_env, run_stages, runner_env
 from gpufleet.runner.events import ProgressSink
 from gpufleet.runner.fleet_lock import FleetBusyError, fleet_lock
-from gpufleet.runner.report import DeployReport, StageResult, StatusReport, VerifyResult
+from gpufleet.runner.head_marker import (
+    MARKER_PATH,
+    HeadBusyError,
+    HeadMarker,
+    RunHolder,
+    changes_hosts,
+    script_argv,
+)
+from gpufleet.runner.report import (
+    DeployReport,
+    GpuHolder,
+    MissingNode,
+    NodeState,
+    OrphanProcess,
+    StageResult,
+    StatusReport,
+    VerifyResult,
+)
 from gpufleet.vllm_log import PlanFigures, VllmFacts
 
 __all__ = [
     "STAGES",
     "DeployError",
-    "FleetStatus",
     "GpuHolder",
     "MissingNode",
     "NodeState",
@@ -70,84 +86,6 @@ __all__ = [
 ]
 
 STAGES = ("preflight", "nodes", "artifacts", "cluster", "serve", "verify")
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-
-class MissingNode(_Frozen):
-    """An inventory node Ray does not report alive, and Ray's (or the probe's) reason."""
-
-    host: str
-    why: str = "not reported by Ray"
-
-
-class OrphanProcess(_Frozen):
-    """A vLLM process in the container that is not under the running service (left by a crash)."""
-
-    pid: int  # on the node
-    container_pid: int | None = None
-    cmd: str = ""
-    rss_mib: int = 0
-
-
-class GpuHolder(_Frozen):
-    """A process holding GPU memory that is not the service (nvidia-smi --query-compute-apps)."""
-
-    pid: int
-    mib: int | None = None
-    cmd: str = ""
-    in_container: bool = False
-
-
-class NodeState(_Frozen):
-    """One serving node as the status playbook found it."""
-
-    host: str
-    # Docker's state of the Ray container (running, exited, ...), "missing" or "unreachable"
-    container: str = "unknown"
-    container_unit: str = "unknown"
-    vllm_unit: str = "unknown"  # "not here" where vLLM does not run (the Ray executor's workers)
-    orphans: tuple[OrphanProcess, ...] = ()
-    gpu_checked: bool = False
-    gpu_note: str = ""  # why GPU memory was not checked
-    gpu_outside: tuple[GpuHolder, ...] = ()
-    procs_error: str | None = None  # the control script could not list the processes
-
-    @property
-    def problems(self) -> list[str]:
-        said = []
-        if self.container == "unreachable":
-            said.append(f"{self.host}: unreachable")
-            return said
-        if self.container != "running":
-            said.append(
-                f"{self.host}: the Ray container is {self.container}"
-                f" (its unit {self.container_unit}, vLLM's unit {self.vllm_unit})"
-            )
-        if self.orphans:
-            listed = ", ".join(f"pid {o.pid} {o.cmd[:60]!r} ({o.rss_mib} MiB)" for o in self.orphans)
-            said.append(f"{self.host}: {len(self.orphans)} vLLM process(es) outside the service: {listed}")
-        if self.gpu_outside:
-            listed = ", ".join(f"pid {g.pid} {g.cmd[:60]!r} {g.mib} MiB" for g in self.gpu_outside)
-            said.append(f"{self.host}: GPU memory held by processes outside the service: {listed}")
-        if self.procs_error:
-            said.append(f"{self.host}: vLLM's processes could not be listed: {self.procs_error}")
-        return said
-
-
-class FleetStatus(StatusReport):
-    """The status report with what it names: missing Ray nodes, each node's container and vLLM processes."""
-
-    ray_nodes_missing: tuple[MissingNode, ...] = ()
-    nodes: tuple[NodeState, ...] = ()
-    vllm_facts_stale: bool = False  # vLLM does not serve now: its start-up facts are the last run's
-
-    @property
-    def problems(self) -> list[str]:
-        said = [f"Ray does not report {m.host}: {m.why}" for m in self.ray_nodes_missing]
-        return said + [line for node in self.nodes for line in node.problems]
 
 
 class DeployError(Exception):
@@ -190,7 +128,9 @@ def deploy(
         _validate(inventory)
     started = time.monotonic()
     with _one_run(inventory, "check" if check else "deploy"):
-        results, facts = _run(specs, progress, cancel)
+        marker = _head_marker(specs, "check" if check else "deploy")
+        warnings = _acquire(marker)
+        results, facts = _run(specs, progress, cancel, marker)
     failed = next((result.name for result in results if result.status != "ok"), None)
     report = DeployReport(
         ok=failed is None,
@@ -202,6 +142,7 @@ def deploy(
         served_model=_served_model(facts),
         vllm=_vllm_facts(facts),
         verify=_verify(facts),
+        warnings=tuple(warnings),
     )
     return report.compared_with(plan) if plan is not None else report
 
@@ -260,13 +201,16 @@ def teardown(
     )
     started = time.monotonic()
     with _one_run(inventory, "teardown"):
-        results, _ = _run([spec], progress, cancel)
+        marker = _head_marker([spec], "teardown")
+        warnings = _acquire(marker)
+        results, _ = _run([spec], progress, cancel, marker)
     ok = results[0].status == "ok"
     return DeployReport(
         ok=ok,
         seconds=round(time.monotonic() - started, 3),
         stages=tuple(results),
         failed_stage=None if ok else "teardown",
+        warnings=tuple(warnings),
     )
 
 
@@ -298,7 +242,7 @@ def status(
     nodes = _node_states(facts)
     ok = results[0].status == "ok" and ready and (alive is None or expected is None or alive >= expected)
     ok = ok and not missing and not any(node.problems for node in nodes)
-    return FleetStatus(
+    return StatusReport(
         ok=ok,
         ray_nodes_alive=None if alive is None else int(alive),
         ray_nodes_expected=None if expected is None else int(expected),
@@ -395,6 +339,75 @@ def _spec(
         timeout=timeout,
         env_passthrough=tuple(env_passthrough),
     )
+
+
+def _head_marker(specs: Sequence[RunSpec], action: str) -> HeadMarker | None:
+    """The run's marker on the head (:mod:`gpufleet.runner.head_marker`) when the run changes hosts."""
+    if not specs or not changes_hosts([spec.stage for spec in specs], specs[0].check):
+        return None
+    holder = RunHolder.this_run(action, str(specs[0].inventory))
+    return HeadMarker(lambda arguments: _on_head(specs[0], arguments), holder)
+
+
+def _acquire(marker: HeadMarker | None) -> list[str]:
+    """Write the head's marker before the first stage; DeployError (nothing ran) when another run holds it."""
+    if marker is None:
+        return []
+    try:
+        return marker.acquire()
+    except HeadBusyError as busy:
+        raise DeployError(str(busy)) from None
+    except (
+        _HeadUnreachableError
+    ) as error:  # the stages will report the head; the control node's lock still holds
+        return [f"run marker not written on the head: {error}"]
+
+
+class _HeadUnreachableError(Exception):
+    """The head did not run the marker script (unreachable, no python3, no sudo)."""
+
+
+def _on_head(spec: RunSpec, arguments: list[str]) -> str:
+    """Run the marker script on the head (the first host of ray_head) as root; its stdout."""
+    import ansible_runner  # noqa: PLC0415  (heavy; only when a run changes hosts)
+
+    said: list[str] = []
+    matched: list[str] = []
+
+    def handler(event: Mapping[str, Any]) -> bool:
+        data = event.get("event_data") or {}
+        kind = str(event.get("event", ""))
+        if kind in ("runner_on_ok", "runner_on_failed", "runner_on_unreachable"):
+            matched.append(kind)
+            res = data.get("res") or {}
+            said.append(
+                str(res.get("stdout") or "") + str(res.get("msg") or "") + str(res.get("stderr") or "")
+            )
+        return False
+
+    with tempfile.TemporaryDirectory(prefix="gpufleet-marker-") as private:
+        envvars = runner_env(spec, os.environ)
+        runner = ansible_runner.interface.init_runner(
+            private_data_dir=private,
+            project_dir=str(spec.project),
+            inventory=str(spec.inventory),
+            host_pattern="ray_head[0]",
+            module="ansible.builtin.raw",
+            module_args=script_argv(arguments),
+            cmdline="--become",
+            envvars=envvars,
+            quiet=True,
+            timeout=60,
+            event_handler=handler,
+            settings={"suppress_ansible_output": True, "suppress_output_file": True, "pexpect_timeout": 1},
+        )
+        runner.config.env = restrict_env(runner.config.env, os.environ, set(envvars))
+        runner.run()
+    if not matched:
+        return '{"taken": true}'  # no ray_head in the inventory: no head to mark
+    if matched[-1] != "runner_on_ok":
+        raise _HeadUnreachableError(" ".join(said).strip()[-300:] or matched[-1])
+    return "\n".join(said)
 
 
 @contextlib.contextmanager
@@ -575,19 +588,40 @@ while True:
             pass
     killed |= left
     time.sleep(0.2)
+run_id, marker = sys.argv[2:4] if len(sys.argv) > 3 else ("-", "")
+try:
+    import json
+    if run_id != "-" and json.load(open(marker)).get("run_id") == run_id:
+        os.unlink(marker)
+except (OSError, ValueError, AttributeError):
+    pass
 print("gpufleet cleanup: %d killed, %d left" % (len(killed), len(left)))
 """
 
 
 def _run(
-    specs: Sequence[RunSpec], progress: ProgressSink | None, cancel: Callable[[], bool] | None
+    specs: Sequence[RunSpec],
+    progress: ProgressSink | None,
+    cancel: Callable[[], bool] | None,
+    marker: HeadMarker | None = None,
 ) -> tuple[list[StageResult], Facts]:
-    """run_stages, owning the processes the run starts: none outlives it here, nor (canceled) on the hosts."""
+    """run_stages, owning the processes the run starts: none outlives it here, nor (canceled) on the hosts.
+
+    The head's marker (when ``marker`` holds one) is removed at the end: by the host cleanup after a cancel
+    (one round trip within CANCEL_SECONDS), else on its own."""
     started = time.time()
-    with _OwnedProcesses() as owned:
-        results, facts = run_stages(specs, progress, cancel)
-    if results and results[-1].status == "canceled" and specs:
-        _clean_hosts(specs[-1], started, owned.deadline())
+    run_id = marker.holder.run_id if marker is not None and marker.written else ""
+    canceled = False
+    try:
+        with _OwnedProcesses() as owned:
+            results, facts = run_stages(specs, progress, cancel)
+        canceled = bool(results) and results[-1].status == "canceled"
+        if canceled and specs:
+            _clean_hosts(specs[-1], started, owned.deadline(), run_id)
+    finally:
+        if run_id and marker is not None and not canceled:
+            with contextlib.suppress(Exception):  # best effort: a marker left is stale once the run is gone
+                marker.release()
     return results, facts
 
 
@@ -722,7 +756,7 @@ def _descendants(root: int) -> set[int]:
     return found
 
 
-def _clean_hosts(spec: RunSpec, started: float, deadline: float) -> None:
+def _clean_hosts(spec: RunSpec, started: float, deadline: float, run_id: str = "") -> None:
     """After a cancel: on every host of the run, kill what the run left (_HOST_CLEANUP), before deadline."""
     seconds = int(deadline - time.monotonic())
     if seconds < 2:
@@ -736,9 +770,9 @@ def _clean_hosts(spec: RunSpec, started: float, deadline: float) -> None:
             private_data_dir=private,
             project_dir=str(spec.project),
             inventory=str(spec.inventory),
-            host_pattern=spec.limit or "all:!localhost",
+            host_pattern=f"{spec.limit}:ray_head[0]" if spec.limit else "all:!localhost",
             module="ansible.builtin.raw",
-            module_args=f"echo {script} | base64 -d | python3 - {started:.3f}",
+            module_args=f"echo {script} | base64 -d | python3 - {started:.3f} {run_id or '-'} {MARKER_PATH}",
             envvars=envvars,
             quiet=True,
             timeout=seconds,

@@ -194,24 +194,20 @@ def _verified(verify: VerifyResult) -> RenderableType:
 
 def print_status_report(console: Console, report: StatusReport) -> None:
     """Ray's nodes (the missing ones by name), vLLM, each node's problems, stale figures marked stale."""
-    from gpufleet.runner.core import FleetStatus  # noqa: PLC0415  (core imports the report models too)
-
     ray = "unknown" if report.ray_nodes_alive is None else f"{report.ray_nodes_alive}"
     if report.ray_nodes_expected is not None:
         ray += f" of {report.ray_nodes_expected}"
-    detail = report if isinstance(report, FleetStatus) else None
-    if detail and detail.ray_nodes_missing:
-        ray += "; missing: " + ", ".join(node.host for node in detail.ray_nodes_missing)
+    if report.ray_nodes_missing:
+        ray += "; missing: " + ", ".join(node.host for node in report.ray_nodes_missing)
     console.print(f"Ray nodes alive: {ray}" + (f", {report.ray_gpus:g} GPUs" if report.ray_gpus else ""))
     console.print(f"vLLM ready: {'yes' if report.vllm_ready else 'no'}")
-    stale = detail is not None and detail.vllm_facts_stale
+    stale = report.vllm_facts_stale
     console.print(_details((report.stage,), report.endpoint, report.served_model, report.vllm, stale=stale))
-    if detail is not None:
-        for line in detail.problems:
-            console.print(Text(line, style="red"), highlight=False)
-        notes = sorted({f"{node.gpu_note} ({node.host})" for node in detail.nodes if node.gpu_note})
-        for note in notes:
-            console.print(Text("GPU memory check skipped: " + note, style="yellow"), highlight=False)
+    for line in report.problems:
+        console.print(Text(line, style="red"), highlight=False)
+    notes = sorted({f"{node.gpu_note} ({node.host})" for node in report.nodes if node.gpu_note})
+    for note in notes:
+        console.print(Text("GPU memory check skipped: " + note, style="yellow"), highlight=False)
     console.print(
         Text("healthy" if report.ok else "not healthy", style="bold green" if report.ok else "bold red")
     )

@@ -93,8 +93,80 @@ class DeployReport(_Frozen):
         return self.model_copy(update={"warnings": (*self.warnings, *compare(self.vllm, plan))})
 
 
+class _Published(BaseModel):
+    """Read from what a playbook published: keys it adds later are ignored, not refused."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class MissingNode(_Published):
+    """An inventory node Ray does not report alive, and Ray's (or the probe's) reason."""
+
+    host: str
+    why: str = "not reported by Ray"
+
+
+class OrphanProcess(_Published):
+    """A vLLM process in the container that is not under the running service (left by a crash)."""
+
+    pid: int  # on the node
+    container_pid: int | None = None
+    cmd: str = ""
+    rss_mib: int = 0
+
+
+class GpuHolder(_Published):
+    """A process holding GPU memory that is not the service (nvidia-smi --query-compute-apps)."""
+
+    pid: int
+    mib: int | None = None
+    cmd: str = ""
+    in_container: bool = False
+
+
+class NodeState(_Published):
+    """One serving node as the status playbook found it."""
+
+    host: str
+    # Docker's state of the Ray container (running, exited, ...), "missing" or "unreachable"
+    container: str = "unknown"
+    container_unit: str = "unknown"
+    vllm_unit: str = "unknown"  # "not here" where vLLM does not run (the Ray executor's workers)
+    orphans: tuple[OrphanProcess, ...] = ()
+    gpu_checked: bool = False
+    gpu_note: str = ""  # why GPU memory was not checked
+    gpu_outside: tuple[GpuHolder, ...] = ()
+    procs_error: str | None = None  # the control script could not list the processes
+
+    @property
+    def problems(self) -> list[str]:
+        said = []
+        if self.container == "unreachable":
+            said.append(f"{self.host}: unreachable")
+            return said
+        if self.container != "running":
+            said.append(
+                f"{self.host}: the Ray container is {self.container}"
+                f" (its unit {self.container_unit}, vLLM's unit {self.vllm_unit})"
+            )
+        if self.orphans:
+            listed = ", ".join(f"pid {o.pid} {o.cmd[:60]!r} ({o.rss_mib} MiB)" for o in self.orphans)
+            said.append(f"{self.host}: {len(self.orphans)} vLLM process(es) outside the service: {listed}")
+        if self.gpu_outside:
+            listed = ", ".join(f"pid {g.pid} {g.cmd[:60]!r} {g.mib} MiB" for g in self.gpu_outside)
+            said.append(f"{self.host}: GPU memory held by processes outside the service: {listed}")
+        if self.procs_error:
+            said.append(f"{self.host}: vLLM's processes could not be listed: {self.procs_error}")
+        return said
+
+
 class StatusReport(_Frozen):
-    """The running service as the status playbook found it."""
+    """The running service as the status playbook found it.
+
+    The fields after ``stage`` are optional (a report without them, as older gpufleet wrote, still reads):
+    the inventory nodes Ray does not report, each serving node's container and vLLM processes, and whether
+    vLLM's start-up figures are stale (vLLM is not serving now, so they are the last run's).
+    """
 
     ok: bool
     ray_nodes_alive: int | None = None
@@ -105,3 +177,12 @@ class StatusReport(_Frozen):
     served_model: str | None = None
     vllm: VllmFacts | None = None
     stage: StageResult
+    ray_nodes_missing: tuple[MissingNode, ...] = ()
+    nodes: tuple[NodeState, ...] = ()
+    vllm_facts_stale: bool = False
+
+    @property
+    def problems(self) -> list[str]:
+        """One line per missing Ray node and per problem of a node (empty when nothing is wrong)."""
+        said = [f"Ray does not report {m.host}: {m.why}" for m in self.ray_nodes_missing]
+        return said + [line for node in self.nodes for line in node.problems]
