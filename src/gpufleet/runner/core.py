@@ -46,6 +46,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gpufleet.fleet.disagg import inventory_has_pools
 from gpufleet.paths import project_root
 from gpufleet.runner.arguments import Facts, RunSpec, restrict_env, run_stages, runner_env
 from gpufleet.runner.events import ProgressSink
@@ -162,6 +163,8 @@ def deploy_specs(
     """The checked playbook runs of a deploy, in order; DeployError says what cannot work and the fix."""
     inventory = _inventory(inventory)
     names = select_stages(stages)
+    if inventory_has_pools(inventory):  # prefill/decode pools: serve_pd.yml serves and checks the endpoint
+        names = ["serve_pd" if name == "serve" else name for name in names if name != "verify"]
     variables = dict(extra_vars or {})
     if bundle is not None:
         variables["gpufleet_bundle_dir"] = str(_check_bundle(bundle, variables))
