@@ -37,12 +37,14 @@ for e in expected:
     if node is None:
         why = "not registered with Ray under its gpufleet_node_ip"
         if unknown:
-            why += f"; Ray has node(s) at {', '.join(unknown)}, which the inventory does not name: a node registered"
-            why += " with another address (check --node-ip-address, gpufleet_node_ip and the NIC carrying it)"
+            why += f"; Ray has node(s) at {', '.join(unknown)}, which the inventory does not name:"
+            why += " a node registered with another address (check --node-ip-address, gpufleet_node_ip"
+            why += " and the NIC carrying it)"
         missing.append(dict(e, why=why))
     elif node["gpus"] != e["gpus"]:
         why = f"Ray sees {node['gpus']:g} GPU(s), the inventory declares gpufleet_gpu_count={e['gpus']}"
-        missing.append(dict(e, why=why + " (check the driver, the container toolkit and ray_cluster_num_gpus)"))
+        why += " (check the driver, the container toolkit and ray_cluster_num_gpus)"
+        missing.append(dict(e, why=why))
     elif node["cpus"] <= 0:
         missing.append(dict(e, why="Ray sees no CPUs"))
 print(json.dumps({"alive": alive, "missing": missing, "unknown": unknown}))
