@@ -678,7 +678,9 @@ class _OwnedProcesses:
             for fd in self._pipe:
                 os.close(fd)
         if sys.platform.startswith("linux"):
-            self.stop(grace=2.0)  # ssh ControlPersist masters (and, after a cancel, anything left)
+            # ssh ControlPersist masters (and, after a cancel, anything left); ansible-runner has collected
+            # its own child by now, so every child left is an orphan reparented to us: reap those
+            self.stop(grace=2.0, reap=True)
             if self._libc is not None:
                 self._libc.prctl(_PR_SET_CHILD_SUBREAPER, self._was_subreaper, 0, 0, 0)
 
@@ -693,16 +695,21 @@ class _OwnedProcesses:
                 return
             if {signal.SIGINT, signal.SIGTERM} & set(data):
                 self._signalled = self._signalled or time.monotonic()
-                self.stop(grace=2.0)
+                self.stop(grace=2.0, reap=False)
 
-    def stop(self, grace: float) -> None:
-        """SIGTERM every process the run started here, SIGKILL what is left after ``grace`` s; reap them."""
+    def stop(self, grace: float, *, reap: bool) -> None:
+        """SIGTERM every process the run started here, SIGKILL what is left after ``grace`` s.
+
+        ``reap``: also collect the exit of our children that ended. Never while ansible-runner runs: its
+        child (ansible-playbook, which pexpect waits for) is our child too, and a stolen exit status makes
+        ptyprocess raise ("no child process") out of runner.run(). Zombies are not counted as left."""
         ended = time.monotonic() + grace
         signal_number = signal.SIGTERM
         sent: set[int] = set()
         while True:
             left = _descendants(self._me) - self._before
-            self._reap(left)
+            if reap:
+                self._reap(left)
             left = {pid for pid in left if _alive(pid)}
             if not left:
                 return
