@@ -405,7 +405,8 @@ def _on_head(spec: RunSpec, arguments: list[str]) -> str:
             settings={"suppress_ansible_output": True, "suppress_output_file": True, "pexpect_timeout": 1},
         )
         runner.config.env = restrict_env(runner.config.env, os.environ, set(envvars))
-        runner.run()
+        with _OwnedProcesses():  # its ssh ControlPersist masters end with it
+            runner.run()
     if not matched:
         return '{"taken": true}'  # no ray_head in the inventory: no head to mark
     if matched[-1] != "runner_on_ok":
@@ -789,5 +790,6 @@ def _clean_hosts(spec: RunSpec, started: float, deadline: float, run_id: str = "
             settings={"suppress_ansible_output": True, "suppress_output_file": True},
         )
         runner.config.env = restrict_env(runner.config.env, os.environ, set(envvars))
-        with contextlib.suppress(Exception):  # best effort: the report says canceled either way
+        # best effort: the report says canceled either way; its ssh ControlPersist masters end with it
+        with contextlib.suppress(Exception), _OwnedProcesses():
             runner.run()
