@@ -15,9 +15,12 @@ demo``'s; the serving image comes from ``~/.cache/gpufleet/serving-image``).
 
 from __future__ import annotations
 
+import http.client
+import json
 import shutil
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,6 +194,40 @@ def test_vllms_facts_match_the_plan_within_ten_percent(deployment: Deployment) -
     assert compare(facts, plan) == []
     assert facts.kv_cache_tokens == plan.kv_cache_tokens  # the CPU build's KV cache is set, not measured
     assert deployment.first.compared_with(plan).warnings == ()
+
+
+def test_a_killed_server_leaves_no_orphan_and_the_restarted_one_is_alone(
+    lab: RunningLab, deployment: Deployment
+) -> None:
+    """kill -9 of vLLM's API server in the head's container: systemd restarts the unit, whose control script
+    stops what the dead server left (EngineCore, workers); afterwards the service's tree is the only vLLM in
+    the container, its control script reports no orphans, and the endpoint answers again."""
+    head = lab.inventory.hosts[0]
+    ctl = "/usr/local/libexec/gpufleet-vllm"
+    before = json.loads(lab.ssh(head.name, [ctl, "procs"]).stdout)
+    assert before["unit_active"] and before["service"] and before["orphans"] == [], before
+    # The server in the container runs /opt/vllm/bin/vllm; the unit's `docker exec ... gpufleet-ray vllm`
+    # serve on the host has no "/" before vllm, so this pattern finds the server only.
+    (server,) = lab.ssh(head.name, ["pgrep", "-f", "/vllm serve --config"]).stdout.split()
+    assert int(server) in before["service"], (server, before)
+    killed = lab.ssh(head.name, ["kill", "-KILL", server])
+    assert killed.returncode == 0, killed.stderr
+    deadline = time.monotonic() + 600
+    code = 0
+    while time.monotonic() < deadline:
+        try:
+            code, _ = chat(f"http://{head.ip}:8000/v1", deployment.key, "tiny")
+        except (OSError, http.client.HTTPException):  # the port is open while the server restarts
+            code = 0
+        if code == 200:
+            break
+        time.sleep(5)
+    assert code == 200, "vLLM did not answer again within 600 s of kill -9"
+    after = json.loads(lab.ssh(head.name, [ctl, "procs"]).stdout)
+    assert after["orphans"] == [], after["orphans"]
+    assert after["unit_active"] and set(after["service"]).isdisjoint(before["service"]), (before, after)
+    servers = lab.ssh(head.name, ["pgrep", "-f", "/vllm serve --config"]).stdout.split()
+    assert len(servers) == 1 and int(servers[0]) in after["service"], (servers, after["service"])
 
 
 def test_status_reports_a_stopped_service_without_failing(deployment: Deployment) -> None:
