@@ -486,12 +486,23 @@ def _check_plan(fleet: FleetSpec, result: Validation) -> None:
     result.problems += problems
     if request is None:
         return
-    from gpufleet.planner import PlannerInputError, plan  # noqa: PLC0415
+    from gpufleet.planner import PlannerInputError, PlannerUnmodelledError, plan  # noqa: PLC0415
 
     try:
         outcome = plan(request)
-    except PlannerInputError as unmodelled:  # an architecture the planner does not model (MoE, MLA, vision)
+    except PlannerUnmodelledError as unmodelled:  # a valid model the planner does not model (vision, ...)
         result.warnings.append(f"the model's memory was not planned: {unmodelled}")
+        return
+    except PlannerInputError as wrong:  # a config.json value no model has (hidden_size: true, ...)
+        result.problems.append(
+            Problem(
+                "gpufleet_model_config",
+                "config.json",
+                str(wrong),
+                "the model's own config.json",
+                "point gpufleet_model_config at the model's config.json",
+            )
+        )
         return
     for error in outcome.errors:
         result.problems.append(

@@ -87,6 +87,11 @@ class PlannerInputError(ValueError):
     """Input the planner cannot work with: an unreadable config.json, an unknown dtype or quantization."""
 
 
+class PlannerUnmodelledError(PlannerInputError):
+    """A valid model the planner does not model (a vision tower, DeepSeek-V4, a quantization method it lacks):
+    validation warns and goes on; any other PlannerInputError is a wrong input and is refused."""
+
+
 @dataclass(frozen=True)
 class MoeShape:
     """A mixture-of-experts MLP as vLLM builds it."""
@@ -257,7 +262,14 @@ def parse_arch(config: Mapping[str, Any]) -> ModelArch:
     intermediate = _opt_int(config, "intermediate_size", "ffn_dim") or (moe.intermediate_size if moe else 0)
     rotary = mla.qk_rope_head_dim if mla else int(head_dim * float(config.get("partial_rotary_factor", 1.0)))
     architectures = config.get("architectures")
-    architecture = str(architectures[0]) if isinstance(architectures, list) and architectures else ""
+    if architectures is not None and not (
+        isinstance(architectures, list) and all(isinstance(name, str) for name in architectures)
+    ):
+        raise PlannerInputError(
+            f"config.json: architectures: found {architectures!r}; expected a list of class names such as "
+            "['Qwen2ForCausalLM']. Fix: point the planner at the model's own config.json"
+        )
+    architecture = str(architectures[0]) if architectures else ""
     return ModelArch(
         model_type=model_type,
         hidden_size=hidden,
@@ -355,12 +367,12 @@ def _layer_windows(  # noqa: PLR0911  (one return per family rule reads best)
 
 def _refuse_unsupported(config: Mapping[str, Any]) -> None:
     if "hidden_size" not in config and isinstance(config.get("text_config"), dict):
-        raise PlannerInputError(
+        raise PlannerUnmodelledError(
             "config.json: text_config: found a multimodal model; expected a text-only decoder. "
             "Fix: the planner does not model vision towers yet; size this deployment by hand"
         )
     if config.get("num_nextn_predict_layers") and config.get("model_type") == "deepseek_v4":
-        raise PlannerInputError(
+        raise PlannerUnmodelledError(
             "config.json: model_type: found 'deepseek_v4'; expected a model the planner can size. "
             "Fix: the planner does not model DeepSeek-V4's compressed sparse attention; size it by hand"
         )
@@ -415,7 +427,7 @@ def resolve_quantization(requested: str | None, config: Mapping[str, Any]) -> Qu
         return None
     if name not in QUANTIZATION_ALIASES:
         choices = ", ".join(QUANTIZATION_ALIASES)
-        raise PlannerInputError(
+        raise PlannerUnmodelledError(
             f"quantization: found {name!r}; expected one of {choices}. "
             "Fix: the planner models these methods only; size other methods by hand"
         )
