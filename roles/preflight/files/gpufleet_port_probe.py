@@ -37,7 +37,7 @@ def listen(host: str, ports: list[int], seconds: float, peers: int) -> dict[str,
         outcome[str(port)] = "listening"
     deadline = time.monotonic() + seconds
     while counts and any(n < peers for n in counts.values()) and time.monotonic() < deadline:
-        for key, _ in selector.select(timeout=max(0.0, deadline - time.monotonic())):
+        for key, _mask in selector.select(timeout=max(0.0, deadline - time.monotonic())):
             conn, _address = key.fileobj.accept()  # type: ignore[union-attr]
             conn.close()
             counts[key.data] += 1
