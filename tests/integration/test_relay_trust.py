@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import RunningLab
+from conftest import REPO, RunningLab
 from test_model_fetch import REPO_ID, changed_counts, said
 
 from gpufleet.bundle import build
@@ -109,3 +110,36 @@ def test_a_full_staging_disk_is_named_not_blamed_on_the_port(
         "node3", f"cat {small_staging}/.gpufleet-model.json 2>/dev/null || echo none"
     ).stdout.strip()
     assert marker == "none"
+    # no receiver is left waiting: the nodes behind node3 never get a sender, and one left alive held port
+    # 18433 for 5 minutes, so the user's next run failed with "node2 refused this sender's token"
+    left = {host: relays(lab, host) for host in lab.hosts}
+    assert not any(left.values()), left
+
+
+def relays(lab: RunningLab, host: str) -> str:
+    """The relay processes on a host (pgrep's own line excluded)."""
+    return lab.ssh(host, "pgrep --full --list-full 'gpufleet_relay[.]py' || true").stdout.strip()
+
+
+def test_a_receiver_an_earlier_run_left_waiting_does_not_turn_the_next_run_away(
+    lab: RunningLab, bundle: Path, tmp_path: Path
+) -> None:
+    """A receiver of a canceled run, with its old token, on node2's relay port: the next run ends it first."""
+    relay = REPO / "roles" / "image_distribution" / "files" / "gpufleet_relay.py"
+    copy = "mkdir -p /root/stale && cat > /root/stale/gpufleet_relay.py"
+    lab.lab.ssh("node2", copy, stdin=relay.read_text())
+    stale = (
+        "umask 077; head -c 36 /dev/urandom | base64 > /root/stale/old.token; setsid nohup "
+        f"/usr/bin/python3 /root/stale/gpufleet_relay.py recv --listen {lab.inventory.ips['node2']}:18433 "
+        "--accept-timeout 300 --timeout 300 --token-file /root/stale/old.token --name node2 "
+        "--untar /root/stale/incoming >/dev/null 2>&1 < /dev/null &"
+    )
+    lab.ssh("node2", stale)
+    time.sleep(1)
+    assert "--untar /root/stale/incoming" in relays(lab, "node2")
+    model_dir = "/opt/models/trust-stale"
+    for host in lab.hosts:
+        lab.ssh(host, f"rm -rf {model_dir}")
+    result = run(lab, tmp_path, bundle, model_dir, "-e", "model_fetch_strategy=fanout")
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert not any(relays(lab, host) for host in lab.hosts)

@@ -56,6 +56,7 @@ NAK = b"\x15"
 HELLO = b"GFR1"
 NONCE = 16
 HANDSHAKE_TIMEOUT = 10.0
+BIND_WAIT = 5.0
 EXIT = {"checksum": 3, "auth": 5, "disk_full": 6, "permission": 7}
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 NO_WRITE = (errno.EACCES, errno.EPERM, errno.EROFS)
@@ -261,11 +262,17 @@ class Reply(threading.Thread):
 
 def listen(args: argparse.Namespace, token: bytes | None) -> socket.socket:
     """Accept connections until one proves the token (probe: the first one)."""
-    try:
-        server = socket.create_server(address(args.listen))
-    except OSError as exc:
-        cause = "port_busy" if exc.errno == errno.EADDRINUSE else "network"
-        report(cause, f"{args.name}: cannot listen on {args.listen}: {exc}")
+    busy_until = time.monotonic() + BIND_WAIT  # a receiver just ended by the role may still hold the port
+    while True:
+        try:
+            server = socket.create_server(address(args.listen))
+            break
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE and time.monotonic() < busy_until:
+                time.sleep(0.2)
+                continue
+            cause = "port_busy" if exc.errno == errno.EADDRINUSE else "network"
+            report(cause, f"{args.name}: cannot listen on {args.listen}: {exc}")
     deadline = time.monotonic() + args.accept_timeout
     while True:
         left = deadline - time.monotonic()
