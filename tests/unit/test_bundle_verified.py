@@ -79,8 +79,10 @@ def test_an_unwritable_cache_only_costs_time(bundle: Path, tmp_path: Path) -> No
     assert checked.problems == [] and checked.hashed == 2
 
 
-def preflight_bundle(bundle: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    """Only the control-node check of playbooks/preflight.yml (tag preflight_bundle); no host is contacted."""
+def preflight_bundle(
+    bundle: Path, tmp_path: Path, playbook: str = "playbooks/preflight.yml"
+) -> subprocess.CompletedProcess[str]:
+    """Only the control-node check of a stage's playbook (tag preflight_bundle); no host is changed."""
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(
         "all:\n  children:\n    gpu_nodes:\n      hosts:\n        node1: {ansible_connection: local}\n"
@@ -95,7 +97,7 @@ def preflight_bundle(bundle: Path, tmp_path: Path) -> subprocess.CompletedProces
     return subprocess.run(
         [
             str(ANSIBLE_PLAYBOOK),
-            "playbooks/preflight.yml",
+            playbook,
             "-i",
             str(inventory),
             "--tags",
@@ -124,3 +126,18 @@ def test_preflight_refuses_a_corrupted_bundle_before_any_host_changes(bundle: Pa
     assert bad.returncode != 0
     assert "does not match its bundle.lock.yml (1 problem(s)); nothing was changed on any host" in bad.stdout
     assert "models/m/model.safetensors: corrupt: sha256" in bad.stdout and "Fix: restore" in bad.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("playbook", ["playbooks/nodes.yml", "playbooks/artifacts.yml"])
+def test_a_stage_run_alone_refuses_a_corrupted_bundle_first(
+    bundle: Path, tmp_path: Path, playbook: str
+) -> None:
+    """`deploy --stages nodes` (or ansible-playbook playbooks/nodes.yml) skips preflight: the stage checks."""
+    target = bundle / "docker" / "docker.tgz"
+    target.write_bytes(b"x" + target.read_bytes()[1:])
+    bad = preflight_bundle(bundle, tmp_path, playbook)
+    assert bad.returncode != 0, bad.stdout
+    assert "docker/docker.tgz: corrupt: sha256" in bad.stdout
+    assert "nothing was changed on any host" in bad.stdout
+    assert "Gathering Facts" not in bad.stdout and "Validating arguments" not in bad.stdout  # it came first
