@@ -370,10 +370,42 @@ class _HeadUnreachableError(Exception):
     """The head did not run the marker script (unreachable, no python3, no sudo)."""
 
 
+def _raw_on_hosts(
+    spec: RunSpec,
+    pattern: str,
+    command: str,
+    *,
+    timeout: int,
+    become: bool = False,
+    event_handler: Callable[[Mapping[str, Any]], bool] | None = None,
+) -> None:
+    """An ad-hoc ``raw`` command on the hosts ``pattern`` names, with the stages' environment; the ssh
+    ControlPersist masters it starts end with it (:class:`_OwnedProcesses`)."""
+    import ansible_runner  # noqa: PLC0415  (heavy; only for the head marker and the cleanup after a cancel)
+
+    with tempfile.TemporaryDirectory(prefix="gpufleet-adhoc-") as private:
+        envvars = runner_env(spec, os.environ)
+        runner = ansible_runner.interface.init_runner(
+            private_data_dir=private,
+            project_dir=str(spec.project),
+            inventory=str(spec.inventory),
+            host_pattern=pattern,
+            module="ansible.builtin.raw",
+            module_args=command,
+            cmdline="--become" if become else None,
+            envvars=envvars,
+            quiet=True,
+            timeout=timeout,
+            event_handler=event_handler,
+            settings={"suppress_ansible_output": True, "suppress_output_file": True, "pexpect_timeout": 1},
+        )
+        runner.config.env = restrict_env(runner.config.env, os.environ, set(envvars))
+        with _OwnedProcesses():
+            runner.run()
+
+
 def _on_head(spec: RunSpec, arguments: list[str]) -> str:
     """Run the marker script on the head (the first host of ray_head) as root; its stdout."""
-    import ansible_runner  # noqa: PLC0415  (heavy; only when a run changes hosts)
-
     said: list[str] = []
     matched: list[str] = []
 
@@ -388,25 +420,7 @@ def _on_head(spec: RunSpec, arguments: list[str]) -> str:
             )
         return False
 
-    with tempfile.TemporaryDirectory(prefix="gpufleet-marker-") as private:
-        envvars = runner_env(spec, os.environ)
-        runner = ansible_runner.interface.init_runner(
-            private_data_dir=private,
-            project_dir=str(spec.project),
-            inventory=str(spec.inventory),
-            host_pattern="ray_head[0]",
-            module="ansible.builtin.raw",
-            module_args=script_argv(arguments),
-            cmdline="--become",
-            envvars=envvars,
-            quiet=True,
-            timeout=60,
-            event_handler=handler,
-            settings={"suppress_ansible_output": True, "suppress_output_file": True, "pexpect_timeout": 1},
-        )
-        runner.config.env = restrict_env(runner.config.env, os.environ, set(envvars))
-        with _OwnedProcesses():  # its ssh ControlPersist masters end with it
-            runner.run()
+    _raw_on_hosts(spec, "ray_head[0]", script_argv(arguments), timeout=60, become=True, event_handler=handler)
     if not matched:
         return '{"taken": true}'  # no ray_head in the inventory: no head to mark
     if matched[-1] != "runner_on_ok":
@@ -772,24 +786,11 @@ def _clean_hosts(spec: RunSpec, started: float, deadline: float, run_id: str = "
     seconds = int(deadline - time.monotonic())
     if seconds < 2:
         return
-    import ansible_runner  # noqa: PLC0415  (heavy; only when a run was canceled)
-
     script = base64.b64encode(_HOST_CLEANUP.encode()).decode()
-    with tempfile.TemporaryDirectory(prefix="gpufleet-cleanup-") as private:
-        envvars = runner_env(spec, os.environ)
-        runner = ansible_runner.interface.init_runner(
-            private_data_dir=private,
-            project_dir=str(spec.project),
-            inventory=str(spec.inventory),
-            host_pattern=f"{spec.limit}:ray_head[0]" if spec.limit else "all:!localhost",
-            module="ansible.builtin.raw",
-            module_args=f"echo {script} | base64 -d | python3 - {started:.3f} {run_id or '-'} {MARKER_PATH}",
-            envvars=envvars,
-            quiet=True,
+    with contextlib.suppress(Exception):  # best effort: the report says canceled either way
+        _raw_on_hosts(
+            spec,
+            f"{spec.limit}:ray_head[0]" if spec.limit else "all:!localhost",
+            f"echo {script} | base64 -d | python3 - {started:.3f} {run_id or '-'} {MARKER_PATH}",
             timeout=seconds,
-            settings={"suppress_ansible_output": True, "suppress_output_file": True},
         )
-        runner.config.env = restrict_env(runner.config.env, os.environ, set(envvars))
-        # best effort: the report says canceled either way; its ssh ControlPersist masters end with it
-        with contextlib.suppress(Exception), _OwnedProcesses():
-            runner.run()
