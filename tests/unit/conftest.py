@@ -55,6 +55,15 @@ BASE_GROUP_VARS: dict[str, Any] = {
 InventoryFactory = Callable[..., Path]
 
 
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test reads inventories with its own, empty cache (never the user's ~/.cache/gpufleet)."""
+    folder = tmp_path / "gpufleet-cache"
+    monkeypatch.setenv("GPUFLEET_CACHE_DIR", str(folder))
+    monkeypatch.delenv("GPUFLEET_NO_CACHE", raising=False)
+    return folder
+
+
 @pytest.fixture
 def make_inventory(tmp_path: Path) -> InventoryFactory:
     """Write an inventory directory; ``hosts``/``group_vars`` edit copies of the valid base inventory."""

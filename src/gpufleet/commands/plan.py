@@ -15,8 +15,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpufleet.commands.output import refuse
-from gpufleet.fleet.schema import BLOCK_SIZES
 from gpufleet.planner import GpuDevice, PlannerInputError, PlanRequest, load_model_config, plan
+from gpufleet.planner.model import BLOCK_SIZES
 
 # Flags that describe the model and its serving settings; -i takes all of them from the inventory.
 REQUIRED_WITH_MODEL = ("gpu_memory_gib", "tensor_parallel_size", "gpu_memory_utilization", "max_model_len")

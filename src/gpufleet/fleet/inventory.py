@@ -7,17 +7,19 @@ can see in the files themselves (duplicate keys, which Ansible merely warns abou
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
 from gpufleet.problems import InventoryError, Problem
-
-if TYPE_CHECKING:
-    pass
 
 # Variables Ansible adds to every host; never the user's.
 MAGIC_VARIABLES = frozenset(
@@ -71,6 +73,9 @@ def read_inventory(path: Path) -> RawInventory:
                 )
             ]
         )
+    key = _cache_key(path)
+    if key is not None and (cached := _cache_read(key, path)) is not None:
+        return cached
     duplicates = list(_duplicate_keys(path))
     if unreadable := [problem for problem in duplicates if problem.variable == "-i"]:
         raise InventoryError(unreadable)  # Ansible would stop on them with a traceback
@@ -90,7 +95,93 @@ def read_inventory(path: Path) -> RawInventory:
         )
     hosts, problems = _load_with_ansible(path)
     problems += _stray_host_vars(path, {host.name for host in hosts})
-    return RawInventory(path=path, hosts=tuple(hosts), problems=tuple(duplicates + problems))
+    inventory = RawInventory(path=path, hosts=tuple(hosts), problems=tuple(duplicates + problems))
+    if key is not None:
+        _cache_write(key, inventory)
+    return inventory
+
+
+# What the cache of read_inventory's result depends on, besides the inventory's own files.
+CACHE_FORMAT = 1
+ANSIBLE_CONFIGS = ("ansible.cfg", "~/.ansible.cfg", "/etc/ansible/ansible.cfg")
+# Files holding these are read through Ansible every time: a template may read the environment or other
+# files (lookup), a vaulted value needs a secret, a plugin or a script asks something outside the files.
+UNCACHEABLE = (b"{{", b"{%", b"{#", b"$ANSIBLE_VAULT", b"!vault", b"plugin:")
+
+
+def cache_dir() -> Path:
+    """``$GPUFLEET_CACHE_DIR``, else ``$XDG_CACHE_HOME/gpufleet``, else ``~/.cache/gpufleet``."""
+    if explicit := os.environ.get("GPUFLEET_CACHE_DIR"):
+        return Path(explicit)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpufleet"
+
+
+def _cache_key(path: Path) -> str | None:
+    """sha256 of everything Ansible's reading of ``path`` depends on; None when it is not only files.
+
+    Reading an inventory through ansible-core costs about 0.5 s of CPU, mostly its import; validate, plan
+    and deploy read the same inventory again and again, so the result is kept, keyed by the content of
+    every file Ansible reads (hosts files, group_vars, host_vars, beside a hosts file too), the ansible.cfg
+    files it would read, the ANSIBLE_* environment and both versions. ``GPUFLEET_NO_CACHE=1`` turns it off.
+    """
+    if os.environ.get("GPUFLEET_NO_CACHE"):
+        return None
+    from ansible.release import __version__ as ansible_version  # noqa: PLC0415  (not ansible.constants)
+
+    from gpufleet._version import __version__  # noqa: PLC0415
+
+    digest = hashlib.sha256(f"{CACHE_FORMAT}\0{__version__}\0{ansible_version}\0{path}\0".encode())
+    for name, value in sorted(os.environ.items()):
+        if name.startswith("ANSIBLE_"):
+            digest.update(f"env {name}={value}\0".encode())
+    roots = [path] if path.is_dir() else [path, path.parent / "group_vars", path.parent / "host_vars"]
+    files = [file for root in roots if root.exists() for file in _read_by_ansible(root)]
+    configs = [Path(os.environ.get("ANSIBLE_CONFIG", "ansible.cfg"))] + [
+        Path(name).expanduser() for name in ANSIBLE_CONFIGS
+    ]
+    for file in files + configs:
+        try:
+            data = file.read_bytes()
+            executable = file in files and os.access(file, os.X_OK)
+        except OSError:
+            data, executable = b"", False
+        if executable or (file in files and any(mark in data for mark in UNCACHEABLE)):
+            return None
+        digest.update(f"file {file} {len(data)}\0".encode() + data)
+    return digest.hexdigest()
+
+
+def _cache_read(key: str, path: Path) -> RawInventory | None:
+    try:
+        data = json.loads((cache_dir() / "inventory" / f"{key}.json").read_text(encoding="utf-8"))
+        return RawInventory(
+            path=path,
+            hosts=tuple(RawHost(h["name"], frozenset(h["groups"]), h["variables"]) for h in data["hosts"]),
+            problems=tuple(Problem(**problem) for problem in data["problems"]),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # absent, or written by something else: read through Ansible and write it again
+
+
+def _cache_write(key: str, inventory: RawInventory) -> None:
+    """Best effort, private (0700 directory, 0600 file: the values may include the user's secrets)."""
+    folder = cache_dir() / "inventory"
+    data = {
+        "hosts": [
+            {"name": host.name, "groups": sorted(host.groups), "variables": host.variables}
+            for host in inventory.hosts
+        ],
+        "problems": [dataclasses.asdict(problem) for problem in inventory.problems],
+    }
+    try:
+        text = json.dumps(data)
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd, temporary = tempfile.mkstemp(dir=folder, suffix=".tmp")  # created 0600
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(temporary, folder / f"{key}.json")
+    except (OSError, TypeError, ValueError):
+        return  # a read-only home or a value JSON cannot hold: no cache, same result
 
 
 def _load_with_ansible(path: Path) -> tuple[list[RawHost], list[Problem]]:

@@ -35,9 +35,7 @@ REPO_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 Dtype = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
 KvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
-# vLLM's --block-size choices (CacheConfig); plan --block-size and the inventory take the same ones.
-BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
-BlockSize = Literal[1, 8, 16, 32, 64, 128]
+BlockSize = Literal[1, 8, 16, 32, 64, 128]  # BLOCK_SIZES (vLLM's choices); a unit test keeps them equal
 Quantization = Literal["awq", "gptq", "bitsandbytes", "fp8"]
 
 

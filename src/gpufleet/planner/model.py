@@ -13,6 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpufleet.planner.arch import DTYPE_BYTES, DerivedMaxLen, ModelArch, Quantization
 
+# vLLM's --block-size choices (CacheConfig); plan --block-size and the inventory's schema take the same ones.
+BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
+
 
 class GpuDevice(BaseModel):
     """One GPU: its name and total memory as CUDA reports it (``torch.cuda.mem_get_info`` total)."""
