@@ -339,3 +339,48 @@ def test_a_dropped_port_on_a_live_host_is_named_as_blocked(
     told = said(sent.stdout)
     assert told["cause"] == "port_blocked", sent.stdout + sent.stderr
     assert "a firewall drops port 18432" in str(told["error"])
+
+
+@ROOT
+def test_a_receiver_that_vanishes_mid_stream_fails_the_copy_within_seconds_naming_it(
+    tmp_path: Path, token: Path
+) -> None:
+    """Issue 15: node2 vanishes (its packets dropped both ways, no reset) while node1 forwards to it.
+
+    Before, node1's forward blocked on the 300 s socket timeout and the sender waited as long. Now TCP's
+    acknowledgements are watched (TCP_USER_TIMEOUT, keepalive): the sender reports node2 by name within
+    --dead-after seconds (5 here; 20 by default). Links are throttled to 5 MB/s so that the stream is still
+    flowing when node2 goes.
+    """
+    src = tmp_path / "src.bin"
+    src.write_bytes(os.urandom(60_000_000))
+    digest = hashlib.sha256(src.read_bytes()).hexdigest()
+    relay = f"{sys.executable} {RELAY}"
+    common = f"--token-file {token} --sha256 {digest} --timeout 300 --dead-after 5"
+    script = tmp_path / "vanish.sh"
+    script.write_text(
+        "set -e; ip link set lo mtu 1500 up\n"  # tbf drops every packet larger than its burst
+        "tc qdisc add dev lo root tbf rate 40mbit burst 64kb latency 400ms\n"
+        f"{relay} recv --listen 127.0.0.1:18502 --out {tmp_path}/n2.bin --name node2 {common} "
+        f">{tmp_path}/node2.out 2>&1 &\n"
+        f"{relay} recv --listen 127.0.0.1:18501 --out {tmp_path}/n1.bin --name node1 {common} "
+        f"--next 127.0.0.1:18502 --next-name node2 >{tmp_path}/node1.out 2>&1 &\n"
+        "sleep 0.5\n"
+        "(sleep 2; iptables -A INPUT -p tcp --dport 18502 -j DROP; iptables -A OUTPUT -p tcp --sport 18502 "
+        f"-j DROP; date +%s.%N >{tmp_path}/dropped) &\n"
+        f"set +e; {relay} send --to 127.0.0.1:18501 --to-name node1 --token-file {token} --file {src} "
+        "--dead-after 5 --timeout 10\n"
+        f"echo exit=$? ended=$(date +%s.%N); kill %1 %2 2>/dev/null; wait 2>/dev/null; true\n"
+    )
+    sent = subprocess.run(
+        [*NETNS, "bash", str(script)], capture_output=True, text=True, timeout=60, check=False
+    )
+    ended = float(sent.stdout.rsplit("ended=", 1)[1].split()[0])
+    assert "exit=4" in sent.stdout, sent.stdout + sent.stderr
+    told = said(sent.stdout)
+    assert told["cause"] == "host_down", told
+    assert str(told["error"]).startswith("node1: node2 stopped answering after"), told
+    assert "no TCP acknowledgement for 5 s" in str(told["error"])
+    waited = ended - float((tmp_path / "dropped").read_text())
+    assert waited < 15, f"the sender took {waited:.1f} s after node2 vanished"
+    assert not (tmp_path / "n1.bin").exists()  # node1 removed its partial copy too

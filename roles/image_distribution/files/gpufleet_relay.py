@@ -57,6 +57,7 @@ HELLO = b"GFR1"
 NONCE = 16
 HANDSHAKE_TIMEOUT = 10.0
 BIND_WAIT = 5.0
+DEAD_AFTER = 20.0  # seconds without a TCP acknowledgement from a peer before it counts as gone
 EXIT = {"checksum": 3, "auth": 5, "disk_full": 6, "permission": 7}
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 NO_WRITE = (errno.EACCES, errno.EPERM, errno.EROFS)
@@ -167,11 +168,41 @@ def unreachable(target: tuple[str, int], name: str, exc: OSError) -> RelayError:
     )
 
 
-def connect(target: tuple[str, int], timeout: float, name: str) -> socket.socket:
+def watch_peer(sock: socket.socket, dead_after: float) -> socket.socket:
+    """Fail this connection within ``dead_after`` seconds once its peer vanishes without a reset (powered off,
+    cable pulled, network cut), instead of the 300 s socket timeout or TCP's own ~15 minutes.
+
+    While data waits for an acknowledgement, TCP_USER_TIMEOUT ends the connection; while it is idle (a
+    receiver waiting for the next node's verdict), keepalive probes do. The peer's kernel answers both, so a
+    peer that is only slow or busy (a full disk queue, a loaded CPU) is never taken for a dead one.
+    """
+    with contextlib.suppress(OSError, AttributeError):  # AttributeError: a platform without these options
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        interval = max(1, int(dead_after / 4))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, interval)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(dead_after * 1000))
+    return sock
+
+
+def vanished(name: str, peer: str, total: int, dead_after: float) -> RelayError:
+    return RelayError(
+        "host_down",
+        f"{name}: {peer} stopped answering after {total} bytes: no TCP acknowledgement for {dead_after:g} s "
+        f"(host down, its relay killed with the host, or its cluster network cut). Fix: check that {peer} is "
+        "up and reachable on the cluster network, then run again",
+    )
+
+
+def connect(
+    target: tuple[str, int], timeout: float, name: str, dead_after: float = DEAD_AFTER
+) -> socket.socket:
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return socket.create_connection(target, timeout=min(30, max(1, deadline - time.monotonic())))
+            sock = socket.create_connection(target, timeout=min(30, max(1, deadline - time.monotonic())))
+            return watch_peer(sock, dead_after)
         except OSError as exc:
             if time.monotonic() > deadline:
                 raise unreachable(target, name, exc) from None
@@ -239,6 +270,7 @@ class Reply(threading.Thread):
         self.conn = conn
         self.acked = False
         self.failure: RelayError | None = None
+        self.silent = False  # the peer's kernel stopped acknowledging (watch_peer): the host is gone
         self.start()
 
     def run(self) -> None:
@@ -252,7 +284,9 @@ class Reply(threading.Thread):
                     data += more
                 reason = json.loads(data.decode() or "{}")
                 self.failure = RelayError(str(reason.get("cause", "network")), str(reason.get("error", "")))
-        except (OSError, ValueError):
+        except OSError as exc:
+            self.silent = exc.errno == errno.ETIMEDOUT
+        except ValueError:
             pass
 
     def verdict(self, timeout: float) -> tuple[bool, RelayError | None]:
@@ -285,6 +319,7 @@ def listen(args: argparse.Namespace, token: bytes | None) -> socket.socket:
             )
         if token is None:
             break
+        watch_peer(conn, args.dead_after)
         conn.settimeout(HANDSHAKE_TIMEOUT)
         try:
             prove_sender(conn, token)
@@ -416,7 +451,7 @@ def start(
     try:
         check_space(args)
         if args.next:
-            downstream = connect(address(args.next), args.timeout, args.next_name)
+            downstream = connect(address(args.next), args.timeout, args.next_name, args.dead_after)
             downstream.settimeout(args.timeout)
             prove_receiver(downstream, token, args.next_name or args.next)
         sink, proc = open_sink(args)
@@ -436,6 +471,8 @@ def broken_stream(
             failure = io_failure(args.name, target_path(args), args.size or total, total, worker.error)
         elif worker.error and reply:
             _acked, said = reply.verdict(5)
+            if said is None and worker.error.errno == errno.ETIMEDOUT:
+                said = vanished(args.name, args.next_name or args.next, total, args.dead_after)
             failure = said or RelayError(
                 "network", f"{args.name}: forwarding to {args.next_name or args.next} broke: {worker.error}"
             )
@@ -462,7 +499,8 @@ def receive(args: argparse.Namespace) -> None:
             if any(worker.error for worker in workers):
                 break
     except OSError as exc:
-        broken = f"{args.name}: stream from upstream broken after {total} bytes: {exc}"
+        gone = " (the upstream node stopped answering)" if exc.errno == errno.ETIMEDOUT else ""
+        broken = f"{args.name}: stream from upstream broken after {total} bytes: {exc}{gone}"
     errors = [worker.finish() for worker in workers]
     if broken or any(errors):
         remove_partial(args)
@@ -479,6 +517,8 @@ def receive(args: argparse.Namespace) -> None:
         downstream.shutdown(socket.SHUT_WR)
         confirmed, said = reply.verdict(args.timeout)
         downstream.close()
+        if not confirmed and not problem and reply.silent:
+            problem = vanished(args.name, args.next_name or args.next, total, args.dead_after)
         if not confirmed and not problem:
             problem = said or RelayError(
                 "network",
@@ -499,7 +539,7 @@ def send(args: argparse.Namespace) -> None:
     where = args.to_name or args.to
     try:
         token = read_token(args.token_file)
-        sock = connect(address(args.to), args.timeout, args.to_name)
+        sock = connect(address(args.to), args.timeout, args.to_name, args.dead_after)
         sock.settimeout(HANDSHAKE_TIMEOUT)
         prove_receiver(sock, token, where)
     except RelayError as failure:
@@ -527,11 +567,17 @@ def send(args: argparse.Namespace) -> None:
         _acked, said = reply.verdict(5)
         if said:
             report(said.cause, said.message)
+        if exc.errno == errno.ETIMEDOUT:
+            gone = vanished("sender", where, total, args.dead_after)
+            report(gone.cause, gone.message)
         report("network", f"stream to {where} broken after {total} bytes: {exc}")
     confirmed, said = reply.verdict(max(args.timeout, 300) + 60)
     sock.close()
     if said:
         report(said.cause, said.message)
+    if not confirmed and reply.silent:
+        gone = vanished("sender", where, total, args.dead_after)
+        report(gone.cause, gone.message)
     if not confirmed:
         report("network", f"the chain behind {where} did not confirm the copy (see the receivers' errors)")
     print(json.dumps({"ok": True, "bytes": total, "seconds": round(time.monotonic() - began, 3)}))
@@ -557,6 +603,9 @@ def main() -> None:
     recv.add_argument("--next-name", default="", help="the next host's name in messages")
     recv.add_argument("--timeout", type=float, default=300, help="seconds without data before giving up")
     recv.add_argument("--accept-timeout", type=float, default=120, help="seconds to wait for the sender")
+    recv.add_argument(
+        "--dead-after", type=float, default=DEAD_AFTER, help="seconds before a silent peer is gone"
+    )
     snd = sub.add_parser("send")
     snd.add_argument("--to", required=True)
     snd.add_argument("--to-name", default="", help="the receiving host's name in messages")
@@ -564,6 +613,9 @@ def main() -> None:
     snd.add_argument("--file")
     snd.add_argument("--tar-dir")
     snd.add_argument("--timeout", type=float, default=600, help="seconds to keep trying to connect")
+    snd.add_argument(
+        "--dead-after", type=float, default=DEAD_AFTER, help="seconds before a silent peer is gone"
+    )
     prb = sub.add_parser("probe")
     prb.add_argument("--listen", required=True)
     prb.add_argument("--name", default=socket.gethostname())
