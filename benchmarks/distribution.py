@@ -10,6 +10,9 @@
              `auto` picks when the control node reaches the cluster network.
    Both chain rows run the relay program the roles ship (roles/image_distribution/files/gpufleet_relay.py),
    copied to every host, as the roles do.
+   With --vanish K: one more chain copy to every host, during which host K's network goes away 10 s into
+   the stream (``ip link set eth0 down`` in its namespace: no reset, as when a node loses power); the row
+   is the time from the cut to the sender's failure, and the failure it names (issue 15: within 30 s).
 2. git-lfs pull of a many-object repository from the local LFS server with lfs.concurrenttransfers 8
    (git-lfs's default) vs 64, each download limited per connection (as a CDN limits a connection).
 
@@ -35,6 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 RELAY = REPO / "roles/image_distribution/files/gpufleet_relay.py"
 PORT = 18499
 REMOTE = "/var/tmp/bench.bin"
+TOKEN = "/var/tmp/relay.token"  # the per-run token the relay requires (0600), on every host and here
 
 
 def sh(argv: list[str], **kw: object) -> subprocess.CompletedProcess[bytes]:
@@ -82,9 +86,10 @@ def naive(lab: Lab, hosts: list[str], artifact: Path) -> float:
 def _chain(lab: Lab, ips: dict[str, str], targets: list[str], digest: str) -> list[subprocess.Popen[bytes]]:
     procs = []
     for index, host in enumerate(targets):
-        nxt = f" --next {ips[targets[index + 1]]}:{PORT}" if index + 1 < len(targets) else ""
+        following = targets[index + 1] if index + 1 < len(targets) else ""
+        nxt = f" --next {ips[following]}:{PORT} --next-name {following}" if following else ""
         command = (f"python3 /var/tmp/relay.py recv --listen {ips[host]}:{PORT} --out {REMOTE} "
-                   f"--sha256 {digest} --timeout 600{nxt}")  # fmt: skip
+                   f"--sha256 {digest} --timeout 600 --token-file {TOKEN} --name {host}{nxt}")  # fmt: skip
         procs.append(subprocess.Popen([*lab.ssh_argv(host), command], stdout=subprocess.DEVNULL))
     time.sleep(1.0)
     return procs
@@ -95,7 +100,12 @@ def fanout(lab: Lab, hosts: list[str], ips: dict[str, str], artifact: Path, dige
     ssh(lab, hosts[0], f"cat > {REMOTE}", artifact)
     if len(hosts) > 1:
         procs = _chain(lab, ips, hosts[1:], digest)
-        ssh(lab, hosts[0], f"python3 /var/tmp/relay.py send --to {ips[hosts[1]]}:{PORT} --file {REMOTE}")
+        ssh(
+            lab,
+            hosts[0],
+            f"python3 /var/tmp/relay.py send --to {ips[hosts[1]]}:{PORT} --file {REMOTE} "
+            f"--token-file {TOKEN}",
+        )
         assert all(proc.wait() == 0 for proc in procs)
     return time.monotonic() - began - (1.0 if len(hosts) > 1 else 0.0)
 
@@ -103,9 +113,54 @@ def fanout(lab: Lab, hosts: list[str], ips: dict[str, str], artifact: Path, dige
 def chain(lab: Lab, hosts: list[str], ips: dict[str, str], artifact: Path, digest: str) -> float:
     procs = _chain(lab, ips, hosts, digest)
     began = time.monotonic()
-    sh([sys.executable, str(RELAY), "send", "--to", f"{ips[hosts[0]]}:{PORT}", "--file", str(artifact)])
+    sh(
+        [
+            sys.executable,
+            str(RELAY),
+            "send",
+            "--to",
+            f"{ips[hosts[0]]}:{PORT}",
+            "--file",
+            str(artifact),
+            "--token-file",
+            TOKEN,
+        ]
+    )
     assert all(proc.wait() == 0 for proc in procs)
     return time.monotonic() - began
+
+
+def vanish(lab: Lab, hosts: list[str], ips: dict[str, str], artifact: Path, digest: str, *, k: int) -> str:
+    """Time from host k's network going down mid-stream to the sender's failure, and what it said."""
+    procs = _chain(lab, ips, hosts, digest)
+    sender = subprocess.Popen(
+        [
+            sys.executable,
+            str(RELAY),
+            "send",
+            "--to",
+            f"{ips[hosts[0]]}:{PORT}",
+            "--file",
+            str(artifact),
+            "--token-file",
+            TOKEN,
+            "--to-name",
+            hosts[0],
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(10)
+    netns = lab.state().hosts[k - 1].netns
+    sh(["ip", "netns", "exec", netns, "ip", "link", "set", "eth0", "down"])
+    cut = time.monotonic()
+    out, _ = sender.communicate(timeout=900)
+    seconds = time.monotonic() - cut
+    sh(["ip", "netns", "exec", netns, "ip", "link", "set", "eth0", "up"])
+    for proc in procs:
+        proc.kill()
+    said = [line for line in out.splitlines() if line.startswith("{")][-1:]
+    return f"{seconds:.1f} s after node{k}'s link went down: exit {sender.returncode}, {said}"
 
 
 def distribution(args: argparse.Namespace) -> list[str]:
@@ -113,8 +168,12 @@ def distribution(args: argparse.Namespace) -> list[str]:
     rows = []
     try:
         ips = lab.up().ips
+        token = Path(TOKEN)
+        token.write_text(os.urandom(24).hex())
+        token.chmod(0o600)
         for host in ips:
             ssh(lab, host, "cat > /var/tmp/relay.py", RELAY)
+            ssh(lab, host, f"umask 077; cat > {TOKEN}", token)
         throttle(lab, args.rate_mbit)
         with tempfile.TemporaryDirectory() as tmp:
             artifact = Path(tmp) / "artifact.bin"
@@ -137,6 +196,10 @@ def distribution(args: argparse.Namespace) -> list[str]:
                     link = f"{args.rate_mbit} Mbit/s"
                     rows.append(f"| {args.size_mib} MiB | {count} | {link} | {name} | {seconds:.1f} |")
                     print(rows[-1], flush=True)
+            if args.vanish:
+                clean(lab, list(ips))
+                rows.append(vanish(lab, list(ips), ips, artifact, digest, k=args.vanish))
+                print(rows[-1], flush=True)
             clean(lab, list(ips))
     finally:
         lab.down()
@@ -181,6 +244,7 @@ def main() -> None:
     parser.add_argument("--lfs-rate-mib", type=int, default=4, help="per-connection limit of the LFS server")
     parser.add_argument("--skip-distribution", action="store_true")
     parser.add_argument("--skip-lfs", action="store_true")
+    parser.add_argument("--vanish", type=int, metavar="K", help="then cut host K's link mid-stream (chain)")
     args = parser.parse_args()
     if not args.skip_lfs:
         print("| model | per-connection limit | lfs.concurrenttransfers | seconds |")

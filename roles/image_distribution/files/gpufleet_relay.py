@@ -471,7 +471,9 @@ def broken_stream(
             failure = io_failure(args.name, target_path(args), args.size or total, total, worker.error)
         elif worker.error and reply:
             _acked, said = reply.verdict(5)
-            if said is None and worker.error.errno == errno.ETIMEDOUT:
+            # The kernel reports the timeout once: to the reply thread's recv or to this send (which then
+            # sees a broken pipe).
+            if said is None and (worker.error.errno == errno.ETIMEDOUT or reply.silent):
                 said = vanished(args.name, args.next_name or args.next, total, args.dead_after)
             failure = said or RelayError(
                 "network", f"{args.name}: forwarding to {args.next_name or args.next} broke: {worker.error}"
@@ -567,7 +569,7 @@ def send(args: argparse.Namespace) -> None:
         _acked, said = reply.verdict(5)
         if said:
             report(said.cause, said.message)
-        if exc.errno == errno.ETIMEDOUT:
+        if exc.errno == errno.ETIMEDOUT or reply.silent:  # reported once: to this send or to the reply's recv
             gone = vanished("sender", where, total, args.dead_after)
             report(gone.cause, gone.message)
         report("network", f"stream to {where} broken after {total} bytes: {exc}")
