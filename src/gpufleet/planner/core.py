@@ -35,6 +35,7 @@ from gpufleet.planner.arch import (
     checkpoint_quantization,
     derive_max_model_len,
     is_hopper,
+    is_nvidia,
     parse_arch,
     pp_layer_split,
     resolve_dtype,
@@ -146,6 +147,7 @@ def plan_stage(context: PlanContext, rank: int, bounds: tuple[int, int]) -> Stag
         rotary_positions=context.derived.value,
         first_layer=bounds[0],
         expert_parallel=request.enable_expert_parallel,
+        cuda_allocator=is_nvidia(context.gpu.name),
     )
     weights = stage_weights(arch, shape, context.quant, request.cpu_offload_gb)
     activation = activation_peak_bytes(

@@ -5,18 +5,34 @@ parameters, layer by layer and parameter by parameter in load order, stopping af
 reaches the budget (``maybe_offload_to_cpu``); embeddings, ``lm_head``, norms outside the layers and
 quantization state stay on the GPU. Calibrated on Qwen3-8B, TP=2, ``cpu_offload_gb`` 5: 2.6066 GiB
 predicted, "Model loading took 2.6077 GiB".
+
+On an NVIDIA GPU each tensor counts as the caching-allocator block it holds (:func:`cuda_block_bytes`),
+because vLLM's figure is ``torch.cuda.memory_allocated()`` after loading minus before, and vLLM 0.24 loads
+under ``max_split_size_mb:20`` (gpu_worker.py): a tensor of 20 MiB or more keeps its whole segment, the
+tensor rounded up to 2 MiB. On an H100 (tests/gpu/weights_probe.py) that is 64 MiB for Gemma 3 1B, 144 MiB
+for gpt-oss-20b and 82 of the 112 MiB for Qwen2.5-7B AWQ beyond the tensors themselves. Other platforms, or
+a GPU the name does not place, count the tensors alone.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpufleet.planner.arch import GIB, ModelArch, Parallelism, Quantization, iter_layer_bytes, vocab_per_rank
+from gpufleet.planner.arch import (
+    GIB,
+    ModelArch,
+    Parallelism,
+    Quantization,
+    cuda_block_bytes,
+    iter_layer_tensors,
+    vocab_per_rank,
+)
 
 
 @dataclass(frozen=True)
 class StageWeights:
-    """Bytes of one GPU's share of the model, by part."""
+    """Bytes of one GPU's share of the model, by part (as allocator blocks on an NVIDIA GPU)."""
 
     embedding_bytes: int
     layers_bytes: int  # decoder layers left on the GPU, quantization state included
@@ -42,6 +58,8 @@ class StageShape:
     rotary_positions: int
     first_layer: int = 0
     expert_parallel: bool = False
+    # vLLM's CUDA platform (an NVIDIA GPU): tensors count as caching-allocator blocks (cuda_block_bytes).
+    cuda_allocator: bool = False
 
     @property
     def parallelism(self) -> Parallelism:
@@ -58,15 +76,16 @@ def stage_weights(
     """Weights on one GPU of the stage ``shape.pp_rank``."""
     is_first = shape.pp_rank == 0
     is_last = shape.pp_rank == shape.pp_size - 1
-    table_bytes = vocab_per_rank(arch, shape.tp) * arch.hidden_size * shape.dtype_bytes
+    block = cuda_block_bytes if shape.cuda_allocator else _tensor_bytes
+    table_bytes = block(vocab_per_rank(arch, shape.tp) * arch.hidden_size * shape.dtype_bytes)
     # vLLM builds embed_tokens on the first stage, and on the last one too when lm_head is tied to it.
     has_embedding = is_first or (arch.tie_embeddings and is_last)
     has_lm_head = is_last and not arch.tie_embeddings
-    other = arch.hidden_size * shape.dtype_bytes if is_last else 0
+    other = block(arch.hidden_size * shape.dtype_bytes) if is_last else 0
     if shape.layers:
         rotary_bytes = arch.rotary_dtype_bytes or shape.dtype_bytes
-        other += arch.rotary_caches * shape.rotary_positions * arch.rotary_dim * rotary_bytes
-    on_gpu, offloaded, largest = _offload_layers(arch, shape, quant, int(cpu_offload_gb * GIB))
+        other += arch.rotary_caches * block(shape.rotary_positions * arch.rotary_dim * rotary_bytes)
+    on_gpu, offloaded, largest = _offload_layers(arch, shape, quant, int(cpu_offload_gb * GIB), block)
     return StageWeights(
         embedding_bytes=table_bytes if has_embedding else 0,
         layers_bytes=on_gpu,
@@ -77,19 +96,28 @@ def stage_weights(
     )
 
 
+def _tensor_bytes(nbytes: int) -> int:
+    return nbytes
+
+
 def _offload_layers(
-    arch: ModelArch, shape: StageShape, quant: Quantization | None, budget: int
+    arch: ModelArch,
+    shape: StageShape,
+    quant: Quantization | None,
+    budget: int,
+    block: Callable[[int], int] = _tensor_bytes,
 ) -> tuple[int, int, int]:
     """(bytes left on the GPU, bytes offloaded, most bytes offloaded from a single layer)."""
     on_gpu = offloaded = 0
     per_layer: dict[int, int] = {}
-    for layer, tensor, state in iter_layer_bytes(
+    for layer, tensor, state, tensors in iter_layer_tensors(
         arch, shape.parallelism, shape.layer_indices, shape.dtype_bytes, quant
     ):
-        on_gpu += state
         if offloaded < budget:
+            # The parameter goes to the CPU; its quantization state (the tensors beyond it) stays.
+            on_gpu += block(state) if state else 0
             offloaded += tensor
             per_layer[layer] = per_layer.get(layer, 0) + tensor
         else:
-            on_gpu += tensor
+            on_gpu += sum(block(size) for size in tensors)
     return on_gpu, offloaded, max(per_layer.values(), default=0)
