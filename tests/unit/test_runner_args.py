@@ -6,11 +6,25 @@ import os
 import sys
 from pathlib import Path
 
+import ansible_mitogen
 import ansible_runner
 import pytest
 
-from gpufleet.runner.arguments import PASSED_ENV, RunSpec, restrict_env, runner_arguments, runner_env
+from gpufleet.runner.arguments import (
+    PASSED_ENV,
+    RunSpec,
+    restrict_env,
+    runner_arguments,
+    runner_env,
+    strategy_env,
+)
 from gpufleet.runner.core import STAGES, DeployError, deploy_specs, select_stages
+
+# What every playbook run gets by default: mitogen's strategy, from where the installed package keeps it.
+MITOGEN = {
+    "ANSIBLE_STRATEGY": "mitogen_linear",
+    "ANSIBLE_STRATEGY_PLUGINS": str(Path(ansible_mitogen.__file__).parent / "plugins" / "strategy"),
+}
 
 
 @pytest.fixture
@@ -149,6 +163,8 @@ def test_runner_arguments_are_built_in_one_place(
             "ANSIBLE_NOCOLOR": "1",
             "ANSIBLE_CALLBACK_PLUGINS": "",
             "ANSIBLE_STDOUT_CALLBACK": "default",
+            **MITOGEN,
+            **MITOGEN,
             "ANSIBLE_CONFIG": str(project.resolve() / "ansible.cfg"),
         },
         "json_mode": True,
@@ -182,6 +198,7 @@ def test_runner_env_passes_only_the_allow_list(project: Path, inventory: Path) -
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_CALLBACK_PLUGINS": "",
         "ANSIBLE_STDOUT_CALLBACK": "default",
+        **MITOGEN,
         "ANSIBLE_CONFIG": str(project.resolve() / "ansible.cfg"),
     }
 
@@ -200,6 +217,7 @@ def test_without_an_ansible_cfg_none_is_named_and_a_missing_path_falls_back_to_t
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_CALLBACK_PLUGINS": "",
         "ANSIBLE_STDOUT_CALLBACK": "default",
+        **MITOGEN,
     }
 
 
@@ -239,3 +257,25 @@ def test_runner_environment_keeps_nothing_of_the_callers_but_the_allow_list(
     assert "/somewhere/else" not in env["ANSIBLE_CALLBACK_PLUGINS"]
     assert env["AWX_ISOLATED_DATA_DIR"].startswith(str(tmp_path / "private"))
     assert env["PATH"].startswith(str(Path(sys.executable).parent))
+
+
+def test_mitogens_strategy_plugin_is_where_the_env_says() -> None:
+    assert (Path(MITOGEN["ANSIBLE_STRATEGY_PLUGINS"]) / "mitogen_linear.py").is_file()
+
+
+def test_the_strategy_can_be_ansibles_own() -> None:
+    assert strategy_env({"GPUFLEET_ANSIBLE_STRATEGY": "linear"}) == {"ANSIBLE_STRATEGY": "linear"}
+    assert strategy_env({"GPUFLEET_ANSIBLE_STRATEGY": ""}) == MITOGEN
+
+
+def test_without_mitogen_installed_ansibles_own_strategy_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ansible_mitogen", None)  # import raises ImportError
+    assert strategy_env({}) == {"ANSIBLE_STRATEGY": "linear"}
+
+
+def test_an_unknown_strategy_is_refused_before_anything_runs(
+    project: Path, inventory: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUFLEET_ANSIBLE_STRATEGY", "free")
+    with pytest.raises(DeployError, match="GPUFLEET_ANSIBLE_STRATEGY='free': unknown; expected one of "):
+        deploy_specs(inventory, project_dir=project)

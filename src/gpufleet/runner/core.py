@@ -48,7 +48,7 @@ from pydantic import ValidationError
 
 from gpufleet.fleet.disagg import inventory_has_pools
 from gpufleet.paths import project_root
-from gpufleet.runner.arguments import Facts, RunSpec, restrict_env, run_stages, runner_env
+from gpufleet.runner.arguments import Facts, RunSpec, restrict_env, run_stages, runner_env, strategy_env
 from gpufleet.runner.events import ProgressSink
 from gpufleet.runner.fleet_lock import FleetBusyError, fleet_lock
 from gpufleet.runner.head_marker import (
@@ -325,6 +325,10 @@ def _spec(
     env_passthrough: Sequence[str] = (),
 ) -> RunSpec:
     project = _project(project_dir)
+    try:
+        strategy_env(os.environ)
+    except ValueError as error:
+        raise DeployError(str(error)) from None
     playbook = project / "playbooks" / f"{stage}.yml"
     if not playbook.is_file():
         raise DeployError(
@@ -384,7 +388,8 @@ def _raw_on_hosts(
     import ansible_runner  # noqa: PLC0415  (heavy; only for the head marker and the cleanup after a cancel)
 
     with tempfile.TemporaryDirectory(prefix="gpufleet-adhoc-") as private:
-        envvars = runner_env(spec, os.environ)
+        # One raw command: Ansible's own strategy (mitogen's would first start a Python on every host).
+        envvars = runner_env(spec, os.environ) | {"ANSIBLE_STRATEGY": "linear"}
         runner = ansible_runner.interface.init_runner(
             private_data_dir=private,
             project_dir=str(spec.project),
