@@ -110,22 +110,16 @@ def fanout(lab: Lab, hosts: list[str], ips: dict[str, str], artifact: Path, dige
     return time.monotonic() - began - (1.0 if len(hosts) > 1 else 0.0)
 
 
+def send_argv(hosts: list[str], ips: dict[str, str], artifact: Path) -> list[str]:
+    """The control node's relay sender into the head of the chain (as the roles' chain strategy runs it)."""
+    head = f"{ips[hosts[0]]}:{PORT}"
+    return [sys.executable, str(RELAY), "send", "--to", head, "--file", str(artifact), "--token-file", TOKEN]
+
+
 def chain(lab: Lab, hosts: list[str], ips: dict[str, str], artifact: Path, digest: str) -> float:
     procs = _chain(lab, ips, hosts, digest)
     began = time.monotonic()
-    sh(
-        [
-            sys.executable,
-            str(RELAY),
-            "send",
-            "--to",
-            f"{ips[hosts[0]]}:{PORT}",
-            "--file",
-            str(artifact),
-            "--token-file",
-            TOKEN,
-        ]
-    )
+    sh(send_argv(hosts, ips, artifact))
     assert all(proc.wait() == 0 for proc in procs)
     return time.monotonic() - began
 
@@ -134,19 +128,7 @@ def vanish(lab: Lab, hosts: list[str], ips: dict[str, str], artifact: Path, dige
     """Time from host k's network going down mid-stream to the sender's failure, and what it said."""
     procs = _chain(lab, ips, hosts, digest)
     sender = subprocess.Popen(
-        [
-            sys.executable,
-            str(RELAY),
-            "send",
-            "--to",
-            f"{ips[hosts[0]]}:{PORT}",
-            "--file",
-            str(artifact),
-            "--token-file",
-            TOKEN,
-            "--to-name",
-            hosts[0],
-        ],
+        [*send_argv(hosts, ips, artifact), "--to-name", hosts[0]],
         stdout=subprocess.PIPE,
         text=True,
     )
