@@ -35,6 +35,10 @@ FLEET_VARIABLE_DOCS: dict[str, str] = {
     "gpufleet_bundle_dir": "Control-node path of an offline bundle; set = never contact the internet.",
     "gpufleet_api_key_file": "Control-node file holding the API key (generated, mode 0600).",
     "gpufleet_lab": "Set by `gpufleet lab up` in lab inventories.",
+    "gpufleet_monitoring": "true runs the optional monitoring stage (role monitoring: Prometheus, "
+    "node_exporter, Grafana, dcgm-exporter); inventories/prod sets it. Default false.",
+    "gpufleet_grafana_password_file": "Control-node file holding Grafana's admin password (generated, "
+    "mode 0600). Default `gpufleet.grafana-password` beside the inventory.",
     "gpufleet_cuda_forward_compat": "true when every node has NVIDIA's CUDA forward-compatibility package: "
     "validation then accepts an image whose CUDA is newer than the driver's, on datacenter GPUs only. "
     "Default false.",

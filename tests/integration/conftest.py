@@ -29,6 +29,10 @@ from gpufleet.lab.state import load as load_lab_state
 from gpufleet.lab.system import missing_prerequisites, state_root
 
 REPO = Path(__file__).resolve().parents[2]
+if (
+    str(REPO) not in sys.path
+):  # tests.monitoring_assets: the dashboards' and rules' queries, shared with tests/unit
+    sys.path.insert(0, str(REPO))
 VENV_BIN = Path(sys.executable).parent
 SESSION_LAB_NODES = 3
 OWNED_LAB = re.compile(r"^pytest(?:-[a-z]+)?-(\d+)$")  # pytest-<pid>, pytest-<purpose>-<pid>

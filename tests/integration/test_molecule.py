@@ -19,6 +19,7 @@ SCENARIOS = [
     pytest.param("cuda_toolkit", marks=pytest.mark.heavy),
     "image_distribution",
     "model_fetch",
+    "monitoring",
 ]
 
 

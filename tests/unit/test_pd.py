@@ -252,7 +252,8 @@ def test_a_pool_wider_than_its_hosts_is_refused(tmp_path: Path) -> None:
 def test_deploy_serves_prefill_decode_fleets_with_serve_pd(tmp_path: Path) -> None:
     stages = [spec.stage for spec in deploy_specs(EXAMPLE)]
     assert "serve_pd" in stages and "serve" not in stages and "verify" not in stages
-    assert [spec.stage for spec in deploy_specs(REPO / "inventories" / "prod")][-2:] == ["serve", "verify"]
+    prod = [spec.stage for spec in deploy_specs(REPO / "inventories" / "prod")]
+    assert prod[-3:] == ["serve", "verify", "monitoring"]  # prod turns the optional stage on
 
 
 # ----- the proxy's plain-Python part --------------------------------------------------------------------

@@ -312,6 +312,7 @@ def test_the_roles_that_take_bundle_files_read_the_lock_through_the_plugin() -> 
         "docker",
         "image_distribution",
         "model_fetch",
+        "monitoring",
         "nvidia_container_toolkit",
         "nvidia_driver",
     }

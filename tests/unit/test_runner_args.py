@@ -9,6 +9,7 @@ from pathlib import Path
 import ansible_mitogen
 import ansible_runner
 import pytest
+import yaml
 
 from gpufleet.runner.arguments import (
     PASSED_ENV,
@@ -58,7 +59,26 @@ def spec_for(project: Path, inventory: Path, **changes: object) -> RunSpec:
 
 
 def test_every_stage_runs_in_pipeline_order_by_default() -> None:
-    assert select_stages(None) == ["preflight", "nodes", "artifacts", "cluster", "serve", "verify"]
+    expected = ["preflight", "nodes", "artifacts", "cluster", "serve", "verify", "monitoring"]
+    assert select_stages(None) == expected
+
+
+def test_the_monitoring_stage_runs_only_when_the_inventory_or_the_run_turns_it_on(tmp_path: Path) -> None:
+    inventory = tmp_path / "hosts.yml"
+    host = {"gpufleet_node_ip": "10.0.0.1", "gpufleet_nic": "eth0"}
+    tree = {"all": {"children": {"gpu_nodes": {"children": {"ray_head": {"hosts": {"n1": host}}}}}}}
+    inventory.write_text(yaml.safe_dump(tree), encoding="utf-8")
+
+    def stages(**changes: object) -> list[str]:
+        return [spec.stage for spec in deploy_specs(inventory, **changes)]  # type: ignore[arg-type]
+
+    assert stages()[-1] == "verify"
+    assert stages(extra_vars={"gpufleet_monitoring": True})[-1] == "monitoring"
+    assert stages(stages=["monitoring"]) == ["monitoring"]  # asked for by name: its playbook says it is off
+    host["gpufleet_monitoring"] = "yes"
+    inventory.write_text(yaml.safe_dump(tree), encoding="utf-8")
+    assert stages()[-1] == "monitoring"
+    assert stages(extra_vars={"gpufleet_monitoring": False})[-1] == "verify"
 
 
 def test_chosen_stages_run_in_pipeline_order_whatever_order_they_were_given() -> None:

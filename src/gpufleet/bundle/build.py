@@ -17,7 +17,7 @@ from pathlib import Path
 from rich.console import Console
 
 from gpufleet._version import __version__
-from gpufleet.bundle.debian import describe, fetch_debian_docker, fetch_debian_repo
+from gpufleet.bundle.debian import describe, fetch_debian_binaries, fetch_debian_docker, fetch_debian_repo
 from gpufleet.bundle.fetch import BuildContext, BuildError, copy_file, download, run
 from gpufleet.bundle.images import image_contents, image_id, save_image
 from gpufleet.bundle.lock import (
@@ -35,6 +35,7 @@ from gpufleet.bundle.lock import (
     write_lock,
 )
 from gpufleet.bundle.manifest import (
+    DebianBinariesSource,
     DebianDockerSource,
     DebianRepoSource,
     DockerArchiveSource,
@@ -120,6 +121,24 @@ def _docker_units(manifest: Manifest) -> Iterator[Unit]:
         )
     else:
         yield Unit("docker", docker.bundle_path(), docker.version, _source_text(source), _get_file(source))
+
+
+def _monitoring_units(manifest: Manifest) -> Iterator[Unit]:
+    if (monitoring := manifest.monitoring) is None:
+        return
+    for name, release in (("prometheus", monitoring.prometheus), ("node_exporter", monitoring.node_exporter)):
+        path, source = release.bundle_path(name), release.source
+        if isinstance(source, DebianBinariesSource):
+            directory = f"{name}-{release.version}.linux-amd64"
+
+            def make(
+                ctx: BuildContext, dest: Path, source: DebianBinariesSource = source, top: str = directory
+            ) -> None:
+                fetch_debian_binaries(ctx, source, dest, directory=top)
+
+            yield Unit(name, path, release.version, describe(source.suite, source.packages), make)
+        else:
+            yield Unit(name, path, release.version, _source_text(source), _get_file(source))
 
 
 def _nvidia_units(manifest: Manifest) -> Iterator[Unit]:
@@ -229,6 +248,7 @@ def units(manifest: Manifest) -> list[Unit]:
         *_nvidia_units(manifest),
         *(_image_unit(image) for image in manifest.images),
         *([_model_unit(manifest.model)] if manifest.model else []),
+        *_monitoring_units(manifest),
         *_wheel_units(manifest),
     ]
 

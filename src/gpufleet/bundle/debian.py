@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from gpufleet.bundle.fetch import BuildContext, BuildError, run
-from gpufleet.bundle.manifest import DebianRepoSource
+from gpufleet.bundle.manifest import DebianBinariesSource, DebianRepoSource
 
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 # Binaries of Docker's official static tarball (docker-<version>.tgz holds docker/<binary>).
@@ -163,6 +163,29 @@ def fetch_debian_docker(
     with tempfile.TemporaryDirectory(prefix="gpufleet-debs-", dir=ctx.work) as tmp:
         debs = apt.download(packages, Path(tmp), with_dependencies=False)
         build_docker_tarball(debs, dest)
+
+
+def fetch_debian_binaries(
+    ctx: BuildContext, source: DebianBinariesSource, dest: Path, *, directory: str
+) -> None:
+    """debian-binaries source kind: the pinned .debs' binaries as a release tarball (``directory``/<name>)."""
+    apt = Apt(ctx, source.mirror, source.suite, ["main"])
+    with tempfile.TemporaryDirectory(prefix="gpufleet-debs-", dir=ctx.work) as tmp:
+        debs = apt.download(source.packages, Path(tmp) / "debs", with_dependencies=False)
+        tree = Path(tmp) / "tree"
+        for deb in debs:
+            run(["dpkg-deb", "-x", str(deb), str(tree)], what=deb.name)
+        members: dict[str, bytes] = {}
+        for name, member in sorted(source.binaries.items()):
+            path = tree / member
+            if not path.is_file():
+                raise BuildError(
+                    f"{dest.name}: the .debs ({', '.join(sorted(source.packages))}) have no {member}. "
+                    "Fix: correct binaries in the manifest or pin a package version that ships it."
+                )
+            members[name] = path.read_bytes()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    write_tgz(dest, members, directory=directory)
 
 
 def write_packages_index(repo: Path) -> None:

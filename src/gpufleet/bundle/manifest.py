@@ -69,6 +69,22 @@ class DebianDockerSource(_Model):
     packages: dict[str, Version] = Field(min_length=1)
 
 
+class DebianBinariesSource(_Model):
+    """A release tarball's layout (<name>-<version>.linux-amd64/<binary>) repackaged from Debian's .debs.
+
+    ``binaries`` maps each name in the tarball to its path inside the .debs (e.g. node_exporter:
+    usr/bin/prometheus-node-exporter), so the role installs the same layout as the upstream release.
+    """
+
+    kind: Literal["debian-binaries"]
+    suite: str = "bookworm"
+    mirror: str = "http://deb.debian.org/debian"
+    packages: dict[str, Version] = Field(min_length=1)
+    binaries: dict[FileName, Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_./+-]+$")]] = Field(
+        min_length=1
+    )
+
+
 class DebianRepoSource(_Model):
     """A local apt repository (Packages index + .debs) of pinned packages and their dependencies."""
 
@@ -223,6 +239,24 @@ class ModelArtifact(_Model):
         return f"models/{self.repo}"
 
 
+class ReleaseArtifact(_Model):
+    """A monitoring program as its release tarball (<name>-<version>.linux-amd64.tar.gz, one directory)."""
+
+    version: Version
+    source: Annotated[HttpSource | FileSource | DebianBinariesSource, Field(discriminator="kind")]
+
+    def bundle_path(self, name: str) -> str:
+        return f"monitoring/{name}-{self.version}.linux-amd64.tar.gz"
+
+
+class MonitoringArtifacts(_Model):
+    """Prometheus (with promtool) for the head and node_exporter for every node; Grafana and dcgm-exporter
+    are container images (the images: list)."""
+
+    prometheus: ReleaseArtifact
+    node_exporter: ReleaseArtifact
+
+
 class WheelsArtifact(_Model):
     pip: PipSource | None = None
     files: list[FileSources] = Field(default_factory=list)
@@ -237,6 +271,7 @@ class Manifest(_Model):
     cuda: CudaArtifact | None = None
     images: list[ImageArtifact] = Field(default_factory=list)
     model: ModelArtifact | None = None
+    monitoring: MonitoringArtifacts | None = None
     wheels: WheelsArtifact | None = None
 
     @field_validator("images")

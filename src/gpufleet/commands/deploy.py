@@ -41,7 +41,30 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--check", action="store_true", help="Ansible check mode: report, change nothing")
     parser.add_argument("--limit", metavar="PATTERN", help="only these hosts (Ansible --limit)")
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    parser.add_argument(
+        "-e",
+        "--extra-var",
+        dest="extra_vars",
+        action="append",
+        default=[],
+        type=extra_var,
+        metavar="NAME=VALUE",
+        help="a variable for this run over the inventory's (Ansible -e): -e gpufleet_monitoring=true",
+    )
     parser.set_defaults(func=run)
+
+
+def extra_var(text: str) -> tuple[str, Any]:
+    """NAME=VALUE with VALUE a YAML scalar (true, 8, "text"), as ansible-playbook -e reads key=value."""
+    import yaml  # noqa: PLC0415
+
+    name, sep, value = text.partition("=")
+    if not sep or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=VALUE, e.g. gpufleet_monitoring=true")
+    try:
+        return name, yaml.safe_load(value) if value else ""
+    except yaml.YAMLError:
+        return name, value
 
 
 def readable(inventory: Path) -> None:
@@ -91,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
             args.inventory,
             bundle=args.bundle,
             stages=stages,
+            extra_vars=dict(args.extra_vars),
             check=args.check,
             limit=args.limit,
             progress=progress,

@@ -210,6 +210,8 @@ FLEET_ONLY_VARIABLES = frozenset(
         "gpufleet_api_key_file",
         "gpufleet_lab",
         "gpufleet_cuda_forward_compat",  # datacenter GPUs run a newer CUDA than the driver's (cuda-compat)
+        "gpufleet_monitoring",  # the monitoring stage runs the monitoring role (off unless true)
+        "gpufleet_grafana_password_file",
     }
 )
 

@@ -47,7 +47,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpufleet.fleet.disagg import inventory_has_pools
+from gpufleet.fleet.inventory import read_inventory
 from gpufleet.paths import project_root
+from gpufleet.problems import InventoryError
 from gpufleet.runner.arguments import Facts, RunSpec, restrict_env, run_stages, runner_env, strategy_env
 from gpufleet.runner.events import ProgressSink
 from gpufleet.runner.fleet_lock import FleetBusyError, fleet_lock
@@ -86,7 +88,7 @@ __all__ = [
     "teardown",
 ]
 
-STAGES = ("preflight", "nodes", "artifacts", "cluster", "serve", "verify")
+STAGES = ("preflight", "nodes", "artifacts", "cluster", "serve", "verify", "monitoring")
 
 
 class DeployError(Exception):
@@ -166,6 +168,8 @@ def deploy_specs(
     if inventory_has_pools(inventory):  # prefill/decode pools: serve_pd.yml serves and checks the endpoint
         names = ["serve_pd" if name == "serve" else name for name in names if name != "verify"]
     variables = dict(extra_vars or {})
+    if stages is None and not _monitoring_on(inventory, variables):  # optional: no run when it is off
+        names = [name for name in names if name != "monitoring"]
     if bundle is not None:
         variables["gpufleet_bundle_dir"] = str(_check_bundle(bundle, variables))
     return [
@@ -181,6 +185,22 @@ def deploy_specs(
         )
         for name in names
     ]
+
+
+def _monitoring_on(inventory: Path, variables: Mapping[str, Any]) -> bool:
+    """Whether gpufleet_monitoring is true for a host (or in the extra variables): the optional stage runs."""
+    if "gpufleet_monitoring" in variables:
+        return _truthy(variables["gpufleet_monitoring"])
+    try:
+        hosts = read_inventory(inventory).hosts
+    except InventoryError:
+        return True  # let the stage's own playbook decide (and the inventory's errors be reported)
+    return any(_truthy(host.variables.get("gpufleet_monitoring", False)) for host in hosts)
+
+
+def _truthy(value: object) -> bool:
+    """Ansible's | bool for the values an inventory gives."""
+    return str(value).strip().lower() in {"true", "yes", "on", "1", "y"}
 
 
 def teardown(
