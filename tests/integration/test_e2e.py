@@ -140,6 +140,12 @@ def test_ray_sees_three_nodes_and_vllm_is_ready(deployment: Deployment) -> None:
     assert report.vllm_ready
     assert report.ok
     assert report.endpoint == deployment.first.endpoint
+    # the operator's view: the load from the monitoring stage's Prometheus, and what each node runs
+    assert report.load is not None and report.load.source == "prometheus", report.load
+    assert report.load.requests_running == 0 and report.load.kv_cache_usage is not None, report.load
+    assert len({node.image_id for node in report.nodes}) == 1 and report.nodes[0].image_id, report.nodes
+    assert {node.model_revision for node in report.nodes} == {report.nodes[0].model_revision}, report.nodes
+    assert [node.host for node in report.nodes if node.config_sha256] == [report.nodes[0].host]  # the head
 
 
 def test_the_executor_auto_chose_ray_for_an_image_with_ray(lab: RunningLab, deployment: Deployment) -> None:

@@ -27,6 +27,10 @@ value set by any host in the run:
   processes outside the service) (status).
 - ``gpufleet_verify``: a mapping with the fields of :class:`gpufleet.runner.report.VerifyResult` (verify): the
   completion text, the status of the request without the key, whether /metrics answered, benchmark figures.
+- ``gpufleet_service_load``: what vLLM does now (status): ``source: prometheus`` with ``results``, Prometheus'
+  answer to each query of :data:`gpufleet.runner.service_load.PROMQL`; or ``source: metrics`` with ``first``
+  and ``second``, the needed lines of two reads of /metrics ``seconds`` apart; or nothing.
+- ``gpufleet_monitoring_endpoints``: ``prometheus`` and ``grafana`` URLs and ``targets_up`` (monitoring).
 """
 
 from __future__ import annotations
@@ -67,10 +71,12 @@ from gpufleet.runner.report import (
     MissingNode,
     NodeState,
     OrphanProcess,
+    ServiceLoad,
     StageResult,
     StatusReport,
     VerifyResult,
 )
+from gpufleet.runner.service_load import PROMQL, from_metrics, from_prometheus
 from gpufleet.vllm_log import PlanFigures, VllmFacts
 
 __all__ = [
@@ -250,7 +256,7 @@ def status(
     spec = _spec(
         "status",
         inventory=_inventory(inventory),
-        extravars={},
+        extravars={"gpufleet_status_promql": PROMQL},
         project_dir=project_dir,
         limit=limit,
         timeout=timeout,
@@ -278,6 +284,7 @@ def status(
         ray_nodes_missing=missing,
         nodes=nodes,
         vllm_facts_stale=not ready and _vllm_facts(facts) is not None,
+        load=_service_load(facts) if ready else None,
     )
 
 
@@ -289,6 +296,17 @@ def _missing_nodes(facts: Facts) -> tuple[MissingNode, ...]:
         for e in entries
         if isinstance(e, Mapping) and e.get("host")
     )
+
+
+def _service_load(facts: Facts) -> ServiceLoad | None:
+    published = _mapping(facts, "gpufleet_service_load") or {}
+    if published.get("source") == "prometheus" and isinstance(published.get("results"), Mapping):
+        return from_prometheus(published["results"])
+    if published.get("source") == "metrics":
+        first, second = published.get("first"), published.get("second")
+        if isinstance(first, list) and isinstance(second, list) and second:
+            return from_metrics(map(str, first), map(str, second), float(published.get("seconds") or 5))
+    return None
 
 
 def _node_states(facts: Facts) -> tuple[NodeState, ...]:
@@ -310,6 +328,9 @@ def _node_states(facts: Facts) -> tuple[NodeState, ...]:
                     gpu_note=str(gpu.get("why") or ""),
                     gpu_outside=tuple(GpuHolder.model_validate(g) for g in gpu.get("outside") or ()),
                     procs_error=str(procs["error"]) if procs.get("error") else None,
+                    image_id=str(state.get("image_id") or "") or None,
+                    model_revision=str(state.get("model_revision") or "") or None,
+                    config_sha256=str(state.get("config_sha256") or "") or None,
                 )
             )
         except ValidationError as error:

@@ -26,6 +26,8 @@ PUBLISHED_FACTS = frozenset(
         "gpufleet_ray_nodes_missing",
         "gpufleet_nodes",
         "gpufleet_verify",
+        "gpufleet_service_load",
+        "gpufleet_monitoring_endpoints",
     }
 )
 _RESULTS = {

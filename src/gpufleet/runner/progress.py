@@ -16,7 +16,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from gpufleet.runner.report import DeployReport, Failure, StageResult, StatusReport, VerifyResult
+from gpufleet.runner.report import DeployReport, Failure, ServiceLoad, StageResult, StatusReport, VerifyResult
 from gpufleet.vllm_log import VllmFacts
 
 _COLUMNS = ("ok", "changed", "failed", "skipped")
@@ -201,6 +201,16 @@ def print_status_report(console: Console, report: StatusReport) -> None:
         ray += "; missing: " + ", ".join(node.host for node in report.ray_nodes_missing)
     console.print(f"Ray nodes alive: {ray}" + (f", {report.ray_gpus:g} GPUs" if report.ray_gpus else ""))
     console.print(f"vLLM ready: {'yes' if report.vllm_ready else 'no'}")
+    if report.load is not None:
+        console.print(_load_line(report.load), highlight=False)
+    for node in report.nodes:
+        if node.image_id or node.model_revision or node.config_sha256:
+            runs = [
+                f"image {node.image_id.removeprefix('sha256:')[:12]}" if node.image_id else "",
+                f"model {node.model_revision[:12]}" if node.model_revision else "",
+                f"config {node.config_sha256[:12]}" if node.config_sha256 else "",
+            ]
+            console.print(f"{node.host}: " + ", ".join(part for part in runs if part), highlight=False)
     stale = report.vllm_facts_stale
     console.print(_details((report.stage,), report.endpoint, report.served_model, report.vllm, stale=stale))
     for line in report.problems:
@@ -210,6 +220,24 @@ def print_status_report(console: Console, report: StatusReport) -> None:
         console.print(Text("GPU memory check skipped: " + note, style="yellow"), highlight=False)
     console.print(
         Text("healthy" if report.ok else "not healthy", style="bold green" if report.ok else "bold red")
+    )
+
+
+def _load_line(load: ServiceLoad) -> str:
+    """One line of what vLLM does now, with where the figures come from."""
+
+    def shown(value: float | None, shape: str) -> str:
+        return "n/a" if value is None else shape.format(value)
+
+    origin = f"Prometheus, last {load.window}" if load.source == "prometheus" else f"/metrics, {load.window}"
+    ttft = f"TTFT p50 {shown(load.ttft_p50_s, '{:.3f} s')}, p99 {shown(load.ttft_p99_s, '{:.3f} s')}"
+    if load.ttft_window and load.ttft_window != load.window:
+        ttft += f" ({load.ttft_window})"
+    return (
+        f"load ({origin}): {shown(load.requests_running, '{:g}')} running, "
+        f"{shown(load.requests_waiting, '{:g}')} waiting, KV cache {shown(load.kv_cache_usage, '{:.1%}')}, "
+        f"prompt {shown(load.prompt_tokens_per_s, '{:.1f}')} tok/s, "
+        f"generation {shown(load.generation_tokens_per_s, '{:.1f}')} tok/s, {ttft}"
     )
 
 

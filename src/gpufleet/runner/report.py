@@ -137,6 +137,10 @@ class NodeState(_Published):
     gpu_note: str = ""  # why GPU memory was not checked
     gpu_outside: tuple[GpuHolder, ...] = ()
     procs_error: str | None = None  # the control script could not list the processes
+    # What the node runs: the Ray container's image ID, the model's commit (its marker), vLLM's config file
+    image_id: str | None = None
+    model_revision: str | None = None
+    config_sha256: str | None = None  # the head only (where vLLM's config is rendered)
 
     @property
     def problems(self) -> list[str]:
@@ -160,6 +164,22 @@ class NodeState(_Published):
         return said
 
 
+class ServiceLoad(_Frozen):
+    """What vLLM is doing now (gpufleet.runner.service_load): from Prometheus over ``window``, or from two
+    reads of /metrics ``window`` apart. None = not reported (no such metric, no request in the window)."""
+
+    source: Literal["prometheus", "metrics"]
+    window: str
+    requests_running: float | None = None
+    requests_waiting: float | None = None
+    kv_cache_usage: float | None = None  # a fraction of the KV cache's blocks in use
+    prompt_tokens_per_s: float | None = None
+    generation_tokens_per_s: float | None = None
+    ttft_p50_s: float | None = None
+    ttft_p99_s: float | None = None
+    ttft_window: str | None = None  # the TTFT percentiles' window ("since vLLM started" when nothing recent)
+
+
 class StatusReport(_Frozen):
     """The running service as the status playbook found it.
 
@@ -180,9 +200,16 @@ class StatusReport(_Frozen):
     ray_nodes_missing: tuple[MissingNode, ...] = ()
     nodes: tuple[NodeState, ...] = ()
     vllm_facts_stale: bool = False
+    load: ServiceLoad | None = None
 
     @property
     def problems(self) -> list[str]:
         """One line per missing Ray node and per problem of a node (empty when nothing is wrong)."""
         said = [f"Ray does not report {m.host}: {m.why}" for m in self.ray_nodes_missing]
-        return said + [line for node in self.nodes for line in node.problems]
+        said += [line for node in self.nodes for line in node.problems]
+        for what in ("image_id", "model_revision"):
+            runs = {node.host: getattr(node, what) for node in self.nodes if getattr(node, what)}
+            if len(set(runs.values())) > 1:
+                listed = ", ".join(f"{host} {value[:19]}" for host, value in sorted(runs.items()))
+                said.append(f"the nodes run different {what.replace('_', ' ')}s: {listed}")
+        return said
