@@ -15,6 +15,7 @@ demo``'s; the serving image comes from ``~/.cache/gpufleet/serving-image``).
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import math
@@ -23,6 +24,7 @@ import shutil
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -38,7 +40,7 @@ from tests.monitoring_assets import dashboards, metric_names, panel_queries, ren
 
 from gpufleet.lab.demo import DIST, api_key_file, build_lab_bundle, chat, lab_plan, route_to_bridge
 from gpufleet.lab.net import outbound_drops
-from gpufleet.runner import STAGES, DeployReport, status, teardown
+from gpufleet.runner import STAGES, DeployReport, deploy, status, teardown
 from gpufleet.vllm_log import compare
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -344,6 +346,56 @@ def test_every_dashboard_query_returns_data_from_the_lab_prometheus(
     assert empty == []
 
 
+GRAFANA_DOUBLE = "gpufleet/grafana-double:lab"
+
+
+def test_grafana_serves_the_provisioned_dashboards_to_the_admin_only(
+    lab: RunningLab, deployment: Deployment
+) -> None:
+    """The role's Grafana path (image check, generated password, provisioning, unit, health wait) with
+    the lab's TEST DOUBLE of Grafana (tests/doubles/grafana_double.py, built on the head from the serving
+    image) in the place of grafana/grafana-oss, which no registry these machines reach carries."""
+    head = lab.inventory.hosts[0]
+    script = base64.b64encode((REPO / "tests" / "doubles" / "grafana_double.py").read_bytes()).decode()
+    dockerfile = (
+        f"FROM {IMAGE}\nCOPY grafana_double.py /usr/local/bin/\n"
+        'ENTRYPOINT ["/opt/vllm/bin/python", "/usr/local/bin/grafana_double.py"]\n'
+    )
+    build = (
+        "mkdir -p /tmp/grafana-double && cd /tmp/grafana-double"
+        f" && echo {script} | base64 -d > grafana_double.py && printf '{dockerfile}' > Dockerfile"
+        f" && docker build -q -t {GRAFANA_DOUBLE} ."
+    )
+    built = lab.ssh(head.name, ["sh", "-c", build], timeout=300)
+    assert built.returncode == 0, built.stdout + built.stderr
+    grafana = {
+        "gpufleet_monitoring": True,
+        "monitoring_grafana": True,
+        "monitoring_grafana_image": GRAFANA_DOUBLE,
+    }
+
+    runs = [
+        deploy(deployment.inventory, bundle=deployment.bundle, stages=["monitoring"], extra_vars=grafana)
+        for _ in range(2)
+    ]
+
+    assert all(run.ok for run in runs), [failures(run) for run in runs]
+    assert {h.host: h.changed for h in runs[1].stages[0].hosts} == {name: 0 for name in lab.hosts}
+    password_file = deployment.inventory.parent / "gpufleet.grafana-password"
+    password = password_file.read_text(encoding="utf-8").strip()
+    assert password_file.stat().st_mode & 0o777 == 0o600 and len(password) == 32
+    assert all(password not in run.model_dump_json() for run in runs)
+    url = f"http://{head.ip}:3000/api/search?tag=gpufleet"
+    token = base64.b64encode(f"admin:{password}".encode()).decode()
+    request = urllib.request.Request(url, headers={"Authorization": f"Basic {token}"})
+    with urllib.request.urlopen(request, timeout=10) as response:  # the lab network only
+        found = {dashboard["uid"] for dashboard in json.loads(response.read())}
+    assert found == {"gpufleet-vllm", "gpufleet-gpu"}
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(url, timeout=10)  # anonymous access is off
+    assert refused.value.code == 401
+
+
 def test_a_killed_server_leaves_no_orphan_and_the_restarted_one_is_alone(
     lab: RunningLab, deployment: Deployment
 ) -> None:
@@ -382,7 +434,8 @@ def test_status_reports_a_stopped_service_without_failing(lab: RunningLab, deplo
     stopped = teardown(deployment.inventory)
     assert stopped.ok, failures(stopped)
     for host in lab.hosts:  # teardown stops the monitoring units too
-        states = lab.ssh(host, ["systemctl", "is-active", "gpufleet-prometheus", "gpufleet-node-exporter"])
+        units = ["gpufleet-prometheus", "gpufleet-node-exporter", "gpufleet-grafana"]
+        states = lab.ssh(host, ["systemctl", "is-active", *units])
         assert "active" not in states.stdout.split(), (host, states.stdout)
 
     report = status(deployment.inventory)
