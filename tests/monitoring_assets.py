@@ -47,6 +47,19 @@ _LABEL_LISTS = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\
 _NAMES = re.compile(r"(?<![\w:.$])[A-Za-z_:][\w:]*")
 
 
+# The alerts templates/gpufleet-alerts.rules.yml.j2 defines (the README and the role's docs name them).
+ALERT_NAMES = frozenset(
+    {
+        "VllmTtftP99High",
+        "VllmInterTokenLatencyP99High",
+        "VllmKvCacheAlmostFull",
+        "VllmWaitingQueueGrowing",
+        "VllmPreempting",
+        "TargetDown",
+    }
+)
+
+
 def dashboards() -> dict[str, Dashboard]:
     """Every dashboard the role ships: file name -> parsed JSON."""
     return {

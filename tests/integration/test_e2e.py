@@ -36,7 +36,7 @@ import pytest
 import yaml
 from conftest import REPO, VENV_BIN, RunningLab, ansible_env, run_installed
 from rich.console import Console
-from tests.monitoring_assets import dashboards, metric_names, panel_queries, render_rules
+from tests.monitoring_assets import ALERT_NAMES, dashboards, metric_names, panel_queries, render_rules
 
 from gpufleet.lab.demo import DIST, api_key_file, build_lab_bundle, chat, lab_plan, route_to_bridge
 from gpufleet.lab.net import outbound_drops
@@ -298,14 +298,7 @@ def test_the_alert_rules_pass_promtool_and_prometheus_loaded_them(
     )
     groups = prometheus(head.ip, "/api/v1/rules")["groups"]
     alerts = {rule["name"] for group in groups for rule in group["rules"] if rule["type"] == "alerting"}
-    assert alerts == {
-        "VllmTtftP99High",
-        "VllmInterTokenLatencyP99High",
-        "VllmKvCacheAlmostFull",
-        "VllmWaitingQueueGrowing",
-        "VllmPreempting",
-        "TargetDown",
-    }
+    assert alerts == ALERT_NAMES
     assert all(rule.get("health") == "ok" for group in groups for rule in group["rules"]), groups
 
 

@@ -23,6 +23,7 @@ from yamllint import linter
 from yamllint.config import YamlLintConfig
 
 from ..monitoring_assets import (
+    ALERT_NAMES,
     RULES_DEFAULTS,
     dashboards,
     metric_names,
@@ -80,14 +81,7 @@ DASHBOARDS = {
     "gpufleet-vllm.json": ("gpufleet-vllm", VLLM_METRICS),
     "gpufleet-gpu.json": ("gpufleet-gpu", DCGM_METRICS | NODE_METRICS | {"up"}),
 }
-ALERTS = {
-    "VllmTtftP99High",
-    "VllmInterTokenLatencyP99High",
-    "VllmKvCacheAlmostFull",
-    "VllmWaitingQueueGrowing",
-    "VllmPreempting",
-    "TargetDown",
-}
+ALERTS = ALERT_NAMES
 
 
 @pytest.fixture(scope="module")
