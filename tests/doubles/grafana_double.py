@@ -6,8 +6,8 @@ It reads what the monitoring role gives a real Grafana container, the same way: 
 It answers the few API calls the lab test makes, with Grafana's paths and shapes:
 
 - GET /api/health (open);
-- GET /api/search?tag=T, /api/dashboards/uid/<uid>, /api/datasources (basic auth as the admin; 401 otherwise,
-  anonymous access being off).
+- GET /api/search?tag=T, /api/dashboards/uid/<uid>, /api/datasources, /api/user (basic auth as the
+  admin; 401 otherwise, anonymous access being off).
 
 It exits 1 at start-up, naming the file, when a provisioning file cannot be read, a provider's path holds no
 dashboard, or a dashboard is not JSON with a uid and a title: what would leave a real Grafana without them.
@@ -117,6 +117,9 @@ class Handler(BaseHTTPRequestHandler):
             self.send(200, {"dashboard": match[0]}) if match else self.send(
                 404, {"message": "Dashboard not found"}
             )
+        elif url.path == "/api/user":
+            login = os.environ.get("GF_SECURITY_ADMIN_USER", "admin")
+            self.send(200, {"login": login, "isGrafanaAdmin": True})
         elif url.path == "/api/datasources":
             self.send(200, self.datasources)
         else:

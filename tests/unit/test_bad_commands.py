@@ -139,6 +139,10 @@ CASES: dict[str, Case] = {
     "validate bundle whose lock is not UTF-8": (
         lambda t: ["validate", "-i", str(appended(t, "group_vars/gpu_nodes.yml", f"gpufleet_bundle_dir: {lock_dir(t, BINARY)}\n".encode()))],
         1, "gpufleet_bundle_dir: found an unreadable lock"),
+    # deploy -e
+    "deploy -e without a value": (
+        lambda t: ["deploy", "-i", str(t), "-e", "gpufleet_monitoring"], 2, "expected NAME=VALUE"),
+    "deploy -e with a bad name": (lambda t: ["deploy", "-i", str(t), "-e", "a-b=1"], 2, "expected NAME=VALUE"),
     # plan: config.json
     "plan config.json hidden_size true": (
         lambda t: [*PLAN, str(config(t, hidden_size=True))], 2, "hidden_size: found True"),

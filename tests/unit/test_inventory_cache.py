@@ -126,3 +126,33 @@ def test_plan_with_a_cached_inventory_does_not_import_ansible(prod: Path, privat
 
 def test_block_sizes_are_one_list() -> None:
     assert tuple(BlockSize.__args__) == BLOCK_SIZES  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_the_secrets_written_beside_an_inventory_are_no_hosts(
+    prod: Path, cached: bool, tmp_path: Path
+) -> None:
+    """gpufleet.apikey and gpufleet.grafana-password live beside the inventory: Ansible's ini plugin read each
+    as a host named after the secret (found by review: the password listed in `ungrouped`). gpufleet's reader
+    skips them whatever the ansible.cfg; so does Ansible with gpufleet's ansible.cfg."""
+    (prod / "gpufleet.apikey").write_text("K" * 64 + "\n", encoding="utf-8")
+    (prod / "gpufleet.grafana-password").write_text("P" * 32 + "\n", encoding="utf-8")
+    plain_cfg = tmp_path / "plain.cfg"
+    plain_cfg.write_text("[defaults]\n", encoding="utf-8")
+    env = os.environ | {"ANSIBLE_CONFIG": str(plain_cfg)} | ({} if cached else {"GPUFLEET_NO_CACHE": "1"})
+    script = "import sys; from gpufleet.fleet.inventory import read_inventory; from pathlib import Path; "
+    script += "print(' '.join(h.name for h in read_inventory(Path(sys.argv[1])).hosts))"
+
+    read = subprocess.run(
+        [sys.executable, "-c", script, str(prod)], env=env, capture_output=True, text=True, check=False
+    )
+    listed = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(prod), "--list"],
+        env=env | {"ANSIBLE_CONFIG": str(REPO / "ansible.cfg")},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+
+    assert read.stdout.split() == ["gpu-head-01", "gpu-worker-01"], read.stderr
+    assert "K" * 64 not in listed.stdout and "P" * 32 not in listed.stdout

@@ -101,3 +101,27 @@ def test_nodes_that_run_different_images_are_a_problem() -> None:
     problems = StatusReport(ok=True, stage=stage, nodes=nodes).problems
 
     assert problems == ["the nodes run different image ids: n1 sha256:aaaaaaaaaaaa, n2 sha256:bbbbbbbbbbbb"]
+
+
+def test_status_is_not_ok_when_the_nodes_run_different_images(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpufleet.runner import core
+
+    stage = StageResult(name="status", status="ok", seconds=1.0)
+    nodes = {
+        name: {"container": "running", "container_unit": "active", "vllm_unit": "active", "image_id": image}
+        for name, image in (("n1", "sha256:" + "a" * 64), ("n2", "sha256:" + "b" * 64))
+    }
+    facts = {
+        "gpufleet_vllm_ready": ("n1", True),
+        "gpufleet_ray_nodes_alive": ("n1", 2),
+        "gpufleet_ray_nodes_expected": ("n1", 2),
+        "gpufleet_nodes": ("n1", nodes),
+    }
+    monkeypatch.setattr(core, "_run", lambda *args, **kwargs: ([stage], facts))
+    monkeypatch.setattr(core, "_spec", lambda *args, **kwargs: None)
+    monkeypatch.setattr(core, "_inventory", lambda path: path)
+
+    report = core.status(Path("inventory"))
+
+    assert report.vllm_ready and report.ray_nodes_alive == 2
+    assert not report.ok and report.problems

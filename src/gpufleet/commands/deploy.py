@@ -54,17 +54,15 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def extra_var(text: str) -> tuple[str, Any]:
-    """NAME=VALUE with VALUE a YAML scalar (true, 8, "text"), as ansible-playbook -e reads key=value."""
-    import yaml  # noqa: PLC0415
-
+def extra_var(text: str) -> tuple[str, str]:
+    """NAME=VALUE, VALUE kept as a string, as ``ansible-playbook -e key=value`` keeps it (roles read it with
+    | bool and | int, and argument specs convert it)."""
     name, sep, value = text.partition("=")
     if not sep or not name.isidentifier():
-        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=VALUE, e.g. gpufleet_monitoring=true")
-    try:
-        return name, yaml.safe_load(value) if value else ""
-    except yaml.YAMLError:
-        return name, value
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected NAME=VALUE with NAME a variable name. Fix: e.g. -e gpufleet_monitoring=true"
+        )
+    return name, value
 
 
 def readable(inventory: Path) -> None:

@@ -184,6 +184,18 @@ def _cache_write(key: str, inventory: RawInventory) -> None:
         return  # a read-only home or a value JSON cannot hold: no cache, same result
 
 
+def _skip_secrets() -> None:
+    """Add SECRET_EXTENSIONS to the pattern of names InventoryManager skips in a directory, whatever the
+    ansible.cfg (ansible.inventory.manager compiles IGNORED from INVENTORY_IGNORE_EXTS when imported)."""
+    import re  # noqa: PLC0415
+
+    from ansible.inventory import manager  # noqa: PLC0415
+
+    secrets = [re.escape(ext).encode() + b"$" for ext in SECRET_EXTENSIONS]
+    if not all(manager.IGNORED.search(b"x" + ext.encode()) for ext in SECRET_EXTENSIONS):
+        manager.IGNORED = re.compile(manager.IGNORED.pattern + b"|" + b"|".join(secrets))
+
+
 def _load_with_ansible(path: Path) -> tuple[list[RawHost], list[Problem]]:
     # Imported here: ansible's import reads its configuration, which only the commands that need it pay for.
     import ansible.constants as ansible_constants  # noqa: PLC0415
@@ -196,6 +208,7 @@ def _load_with_ansible(path: Path) -> tuple[list[RawHost], list[Problem]]:
     # are reported by _duplicate_keys with their file and line instead of Ansible's warning.
     ansible_constants.INVENTORY_ANY_UNPARSED_IS_FAILED = True
     ansible_constants.DUPLICATE_YAML_DICT_KEY = "ignore"
+    _skip_secrets()
     loader = DataLoader()
     try:
         manager = InventoryManager(loader=loader, sources=[str(path)])
@@ -383,8 +396,13 @@ def _decode(file: Path) -> tuple[str | None, Problem | None]:
     return text, None
 
 
+# Secrets gpufleet writes beside an inventory (the API key, Grafana's admin password): never inventory sources
+# (Ansible's ini plugin would read each as a host named after the secret). gpufleet's ansible.cfg and
+# _load_with_ansible add them to Ansible's INVENTORY_IGNORE_EXTS.
+SECRET_EXTENSIONS = (".apikey", ".grafana-password")
 # Extensions Ansible skips in an inventory directory (INVENTORY_IGNORE_EXTS); every other file it reads.
 ANSIBLE_SKIPS = (
+    *SECRET_EXTENSIONS,
     ".pyc",
     ".pyo",
     ".swp",

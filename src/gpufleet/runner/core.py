@@ -69,6 +69,7 @@ from gpufleet.runner.report import (
     DeployReport,
     GpuHolder,
     MissingNode,
+    MonitoringEndpoints,
     NodeState,
     OrphanProcess,
     ServiceLoad,
@@ -152,8 +153,19 @@ def deploy(
         vllm=_vllm_facts(facts),
         verify=_verify(facts),
         warnings=tuple(warnings),
+        monitoring=_monitoring(facts),
     )
     return report.compared_with(plan) if plan is not None else report
+
+
+def _monitoring(facts: Facts) -> MonitoringEndpoints | None:
+    published = _mapping(facts, "gpufleet_monitoring_endpoints") or {}
+    try:
+        return MonitoringEndpoints.model_validate(
+            {key: value for key, value in published.items() if value not in ("", None)}
+        )
+    except ValidationError:
+        return None
 
 
 def deploy_specs(
@@ -271,7 +283,7 @@ def status(
     nodes = _node_states(facts)
     ok = results[0].status == "ok" and ready and (alive is None or expected is None or alive >= expected)
     ok = ok and not missing and not any(node.problems for node in nodes)
-    return StatusReport(
+    report = StatusReport(
         ok=ok,
         ray_nodes_alive=None if alive is None else int(alive),
         ray_nodes_expected=None if expected is None else int(expected),
@@ -286,6 +298,8 @@ def status(
         vllm_facts_stale=not ready and _vllm_facts(facts) is not None,
         load=_service_load(facts) if ready else None,
     )
+    # Nodes that run different images or model commits (version skew) are not healthy either.
+    return report.model_copy(update={"ok": False}) if report.ok and report.problems else report
 
 
 def _missing_nodes(facts: Facts) -> tuple[MissingNode, ...]:

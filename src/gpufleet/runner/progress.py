@@ -170,6 +170,10 @@ def print_deploy_report(console: Console, report: DeployReport) -> None:
     console.print(_details(report.stages, report.endpoint, report.served_model, report.vllm))
     if report.verify is not None:
         console.print(_verified(report.verify))
+    if (monitoring := report.monitoring) is not None:
+        grafana = f", Grafana {monitoring.grafana}" if monitoring.grafana else ""
+        up = f"{monitoring.targets_up} targets up"
+        console.print(f"monitoring: Prometheus {monitoring.prometheus}{grafana} ({up})")
     for warning in report.warnings:
         console.print(Text("warning: " + warning, style="yellow"))
     outcome = "deployed" + (" (no changes)" if report.changed == 0 and not report.check_mode else "")

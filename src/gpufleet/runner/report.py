@@ -63,6 +63,14 @@ class VerifyResult(_Frozen):
     benchmark: dict[str, float] | None = None  # benchmarks/serving_throughput.py's figures, when asked for
 
 
+class MonitoringEndpoints(_Frozen):
+    """Where the monitoring stage's Prometheus and Grafana answer (on the head's cluster address)."""
+
+    prometheus: str
+    grafana: str | None = None
+    targets_up: int = 0
+
+
 class DeployReport(_Frozen):
     """The outcome of running stages (deploy, teardown): every stage run, in order, and what they set up."""
 
@@ -76,6 +84,7 @@ class DeployReport(_Frozen):
     vllm: VllmFacts | None = None
     verify: VerifyResult | None = None
     warnings: tuple[str, ...] = ()
+    monitoring: MonitoringEndpoints | None = None
 
     @property
     def changed(self) -> int:
