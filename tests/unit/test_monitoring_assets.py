@@ -327,7 +327,7 @@ def test_rules_thresholds_come_from_the_role_variables() -> None:
     assert alerts["VllmTtftP99High"]["expr"].endswith("> 3.5")
     assert alerts["VllmInterTokenLatencyP99High"]["expr"].endswith("> 0.125")
     assert alerts["VllmKvCacheAlmostFull"]["expr"].endswith("> 0.875")
-    # the queue length comes first: an alert's $value is its left operand's sample (found by review: the slope)
+    # the queue length first: an alert's $value is its left operand's sample (found by review: the slope)
     assert alerts["VllmWaitingQueueGrowing"]["expr"].startswith("vllm:num_requests_waiting > 42 and deriv(")
     assert (alerts["VllmWaitingQueueGrowing"]["for"], alerts["TargetDown"]["for"]) == ("7m", "7m")
 
