@@ -289,7 +289,7 @@ def test_the_alert_rules_pass_promtool_and_prometheus_loaded_them(
         [
             "sh",
             "-c",
-            "/opt/gpufleet/monitoring/prometheus-*/promtool check rules "
+            "/opt/gpufleet/monitoring/*/prometheus-*/promtool check rules "
             "/etc/gpufleet/monitoring/rules/gpufleet-alerts.rules.yml",
         ],
     )
