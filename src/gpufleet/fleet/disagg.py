@@ -28,8 +28,8 @@ import yaml
 
 from gpufleet.compat import ImageFacts, image_facts
 from gpufleet.fleet.compatibility import _from_bundle
-from gpufleet.fleet.inventory import RawHost, RawInventory, read_inventory
-from gpufleet.problems import InventoryError, Problem
+from gpufleet.fleet.inventory import RawHost, RawInventory
+from gpufleet.problems import Problem
 
 if TYPE_CHECKING:
     from gpufleet.fleet.schema import FleetSpec
@@ -62,14 +62,6 @@ class Disaggregation:
 def has_pools(raw: RawInventory) -> bool:
     """Whether the inventory asks for prefill/decode pools (either group has a host)."""
     return any(raw.members(group) for group in POOLS)
-
-
-def inventory_has_pools(path: Path) -> bool:
-    """has_pools for an inventory path (the runner's choice of serve playbook); False when unreadable."""
-    try:
-        return has_pools(read_inventory(path))
-    except InventoryError:
-        return False
 
 
 def role_defaults(root: Path | None, role: str = "vllm_pd") -> dict[str, Any]:

@@ -397,8 +397,8 @@ def _decode(file: Path) -> tuple[str | None, Problem | None]:
 
 
 # Secrets gpufleet writes beside an inventory (the API key, Grafana's admin password): never inventory sources
-# (Ansible's ini plugin would read each as a host named after the secret). gpufleet's ansible.cfg and
-# _load_with_ansible add them to Ansible's INVENTORY_IGNORE_EXTS.
+# (Ansible's ini plugin would read each as a host named after the secret). gpufleet's ansible.cfg lists them
+# in ignore_extensions; _skip_secrets adds them to InventoryManager's pattern whatever the ansible.cfg.
 SECRET_EXTENSIONS = (".apikey", ".grafana-password")
 # Extensions Ansible skips in an inventory directory (INVENTORY_IGNORE_EXTS); every other file it reads.
 ANSIBLE_SKIPS = (

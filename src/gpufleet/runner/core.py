@@ -50,8 +50,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gpufleet.fleet.disagg import inventory_has_pools
-from gpufleet.fleet.inventory import read_inventory
+from gpufleet.fleet.disagg import has_pools
+from gpufleet.fleet.inventory import RawInventory, read_inventory
 from gpufleet.paths import project_root
 from gpufleet.problems import InventoryError
 from gpufleet.runner.arguments import Facts, RunSpec, restrict_env, run_stages, runner_env, strategy_env
@@ -183,10 +183,14 @@ def deploy_specs(
     """The checked playbook runs of a deploy, in order; DeployError says what cannot work and the fix."""
     inventory = _inventory(inventory)
     names = select_stages(stages)
-    if inventory_has_pools(inventory):  # prefill/decode pools: serve_pd.yml serves and checks the endpoint
+    try:
+        raw: RawInventory | None = read_inventory(inventory)
+    except InventoryError:
+        raw = None  # validation and the stages' playbooks report what is wrong with it
+    if raw is not None and has_pools(raw):  # P/D pools: serve_pd.yml serves and checks the endpoint
         names = ["serve_pd" if name == "serve" else name for name in names if name != "verify"]
     variables = dict(extra_vars or {})
-    if stages is None and not _monitoring_on(inventory, variables):  # optional: no run when it is off
+    if stages is None and not _monitoring_on(raw, variables):  # optional: no run when it is off
         names = [name for name in names if name != "monitoring"]
     if bundle is not None:
         variables["gpufleet_bundle_dir"] = str(_check_bundle(bundle, variables))
@@ -205,15 +209,14 @@ def deploy_specs(
     ]
 
 
-def _monitoring_on(inventory: Path, variables: Mapping[str, Any]) -> bool:
-    """Whether gpufleet_monitoring is true for a host (or in the extra variables): the optional stage runs."""
+def _monitoring_on(raw: RawInventory | None, variables: Mapping[str, Any]) -> bool:
+    """Whether gpufleet_monitoring is true for a host (or in the extra variables): the optional stage runs.
+    An unreadable inventory (None) leaves the decision to the stage's own playbook."""
     if "gpufleet_monitoring" in variables:
         return _truthy(variables["gpufleet_monitoring"])
-    try:
-        hosts = read_inventory(inventory).hosts
-    except InventoryError:
-        return True  # let the stage's own playbook decide (and the inventory's errors be reported)
-    return any(_truthy(host.variables.get("gpufleet_monitoring", False)) for host in hosts)
+    if raw is None:
+        return True
+    return any(_truthy(host.variables.get("gpufleet_monitoring", False)) for host in raw.hosts)
 
 
 def _truthy(value: object) -> bool:
@@ -282,7 +285,6 @@ def status(
     missing = _missing_nodes(facts)
     nodes = _node_states(facts)
     ok = results[0].status == "ok" and ready and (alive is None or expected is None or alive >= expected)
-    ok = ok and not missing and not any(node.problems for node in nodes)
     report = StatusReport(
         ok=ok,
         ray_nodes_alive=None if alive is None else int(alive),
@@ -298,7 +300,8 @@ def status(
         vllm_facts_stale=not ready and _vllm_facts(facts) is not None,
         load=_service_load(facts) if ready else None,
     )
-    # Nodes that run different images or model commits (version skew) are not healthy either.
+    # Missing Ray nodes, a node's problems, nodes that run different images or model commits (version
+    # skew): every line of report.problems makes the service not healthy.
     return report.model_copy(update={"ok": False}) if report.ok and report.problems else report
 
 
@@ -597,8 +600,7 @@ def _number(facts: Facts, name: str) -> float | None:
 
 
 def _flag(facts: Facts, name: str) -> bool:
-    value = facts.get(name, (None, False))[1]
-    return value is True or str(value).strip().lower() in ("true", "yes", "1")
+    return _truthy(facts.get(name, (None, False))[1])
 
 
 # ----- a run owns its processes ------------------------------------------------------------------------
