@@ -10,7 +10,18 @@ from importlib import import_module
 from gpufleet._version import __version__
 
 # Each module exposes ``register(subparsers)``, which adds its parser and sets ``func(args) -> int``.
-COMMAND_MODULES = ("init", "validate", "plan", "lab", "bundle", "deploy", "status", "teardown", "demo")
+COMMAND_MODULES = (
+    "init",
+    "validate",
+    "plan",
+    "lab",
+    "bundle",
+    "deploy",
+    "status",
+    "rollback",
+    "teardown",
+    "demo",
+)
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

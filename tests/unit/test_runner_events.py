@@ -192,4 +192,15 @@ def test_failure_message_is_bounded() -> None:
     message = failure_message({"msg": "x" * 5000})
 
     assert len(message) == 2000
-    assert message.endswith("…")
+    assert "\n…\n" in message
+
+
+def test_a_bounded_message_keeps_its_head_and_the_last_lines_of_its_log() -> None:
+    """A failure that shows vLLM's log ends with the crash: the middle goes, not the end (a broken image's
+    "exits at start" line was cut off the report)."""
+    log = "\n".join(f"line {number}" for number in range(1000))
+    message = failure_message({"msg": f"node1: vLLM did not list the model. Last lines:\n{log}\nexits at start"})
+
+    assert message.startswith("node1: vLLM did not list the model.")
+    assert message.endswith("line 999\nexits at start")
+    assert len(message) == 2000

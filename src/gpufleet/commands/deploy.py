@@ -51,6 +51,13 @@ def register(subparsers: Any) -> None:
         metavar="NAME=VALUE",
         help="a variable for this run over the inventory's (Ansible -e): -e gpufleet_monitoring=true",
     )
+    parser.add_argument(
+        "--no-rollback",
+        dest="rollback",
+        action="store_false",
+        help="when the cluster, serve or verify stage fails, leave the fleet as the failure left it "
+        "(default: restore every node's last healthy revision and pass the health gate again)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -116,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
             check=args.check,
             limit=args.limit,
             progress=progress,
+            rollback=args.rollback,
         )
         # Planned only now, and only when vLLM reported facts to compare with.
         plan = planned(args.inventory) if report.vllm is not None else None

@@ -5,7 +5,16 @@ into per-stage results (:mod:`~gpufleet.runner.events`), the live progress displ
 
 from __future__ import annotations
 
-from gpufleet.runner.core import STAGES, DeployError, ProgressSink, deploy, deploy_specs, status, teardown
+from gpufleet.runner.core import (
+    STAGES,
+    DeployError,
+    ProgressSink,
+    deploy,
+    deploy_specs,
+    rollback,
+    status,
+    teardown,
+)
 from gpufleet.runner.report import DeployReport, StatusReport
 
 __all__ = [
@@ -16,6 +25,7 @@ __all__ = [
     "StatusReport",
     "deploy",
     "deploy_specs",
+    "rollback",
     "status",
     "teardown",
 ]

@@ -46,7 +46,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -55,6 +55,7 @@ from gpufleet.fleet.inventory import RawInventory, read_inventory
 from gpufleet.paths import project_root
 from gpufleet.problems import InventoryError
 from gpufleet.runner.arguments import Facts, RunSpec, restrict_env, run_stages, runner_env, strategy_env
+from gpufleet.runner.downtime import DowntimeMeter, endpoint
 from gpufleet.runner.events import ProgressSink
 from gpufleet.runner.fleet_lock import FleetBusyError, fleet_lock
 from gpufleet.runner.head_marker import (
@@ -68,10 +69,12 @@ from gpufleet.runner.head_marker import (
 from gpufleet.runner.report import (
     DeployReport,
     GpuHolder,
+    KeptRevision,
     MissingNode,
     MonitoringEndpoints,
     NodeState,
     OrphanProcess,
+    RollbackReport,
     ServiceLoad,
     StageResult,
     StatusReport,
@@ -90,12 +93,16 @@ __all__ = [
     "ProgressSink",
     "deploy",
     "deploy_specs",
+    "rollback",
     "select_stages",
     "status",
     "teardown",
 ]
 
 STAGES = ("preflight", "nodes", "artifacts", "cluster", "serve", "verify", "monitoring")
+# A failure in these stages (the health gate: serve waits for the model to be listed, verify asks for a
+# completion) makes deploy() restore the last healthy revision (playbooks/rollback.yml).
+ROLLBACK_AFTER = frozenset({"cluster", "serve", "verify"})
 
 
 class DeployError(Exception):
@@ -117,8 +124,13 @@ def deploy(
     cancel: Callable[[], bool] | None = None,
     validate_inventory: bool = True,
     env_passthrough: Sequence[str] = (),
+    rollback: bool = True,
 ) -> DeployReport:
     """Run the stages (all by default, always in :data:`STAGES` order) and report.
+
+    A change to a serving fleet is measured (the endpoint polled from here: ``report.downtime``) and gated:
+    when a stage of :data:`ROLLBACK_AFTER` fails and ``rollback`` is true, every node's last healthy revision
+    is restored and has to pass the gate again (``report.rollback``); the report stays not ok.
 
     Raises DeployError for arguments that cannot work and gpufleet.problems.InventoryError (one line per
     problem) when ``validate_inventory`` finds the inventory invalid; nothing has run on a host then.
@@ -137,11 +149,18 @@ def deploy(
     if validate_inventory:
         _validate(inventory)
     started = time.monotonic()
-    with _one_run(inventory, "check" if check else "deploy"):
+    gated = not check and any(spec.stage in ROLLBACK_AFTER for spec in specs)
+    restored: RollbackReport | None = None
+    with (
+        _one_run(inventory, "check" if check else "deploy"),
+        _downtime_meter(inventory if gated else None) as meter,
+    ):
         marker = _head_marker(specs, "check" if check else "deploy")
         warnings = _acquire(marker)
         results, facts = _run(specs, progress, cancel, marker)
-    failed = next((result.name for result in results if result.status != "ok"), None)
+        failed = next((result.name for result in results if result.status != "ok"), None)
+        if rollback and gated and failed in ROLLBACK_AFTER and results[-1].status == "failed":
+            restored = _rollback(specs[0], "current", progress, cancel, marker, required=False)
     report = DeployReport(
         ok=failed is None,
         check_mode=check,
@@ -154,8 +173,113 @@ def deploy(
         verify=_verify(facts),
         warnings=tuple(warnings),
         monitoring=_monitoring(facts),
+        downtime=meter.result() if meter is not None else None,
+        rollback=restored,
     )
     return report.compared_with(plan) if plan is not None else report
+
+
+def rollback(
+    inventory: Path,
+    *,
+    to: Literal["current", "previous"] = "previous",
+    progress: ProgressSink | None = None,
+    project_dir: Path | None = None,
+    timeout: int | None = None,
+    cancel: Callable[[], bool] | None = None,
+) -> DeployReport:
+    """Restore every node's ``previous`` revision (or ``current``: the last healthy one, after a change that
+    failed outside deploy()), restart what changed and pass the health gate again (playbooks/rollback.yml)."""
+    spec = _spec(
+        "rollback",
+        inventory=_inventory(inventory),
+        extravars={},
+        project_dir=project_dir,
+        timeout=timeout,
+    )
+    started = time.monotonic()
+    with _one_run(inventory, "rollback"), _downtime_meter(spec.inventory) as meter:
+        marker = _head_marker([spec], "rollback")
+        warnings = _acquire(marker)
+        restored = _rollback(spec, to, progress, cancel, marker, required=True, acquired=True)
+    stage = restored.stage or StageResult(name="rollback", status="failed", seconds=0.0)
+    return DeployReport(
+        ok=restored.ok,
+        seconds=round(time.monotonic() - started, 3),
+        stages=(stage,),
+        failed_stage=None if restored.ok else "rollback",
+        warnings=tuple(warnings),
+        downtime=meter.result() if meter is not None else None,
+        rollback=restored,
+    )
+
+
+@contextlib.contextmanager
+def _downtime_meter(inventory: Path | None) -> Iterator[DowntimeMeter | None]:
+    """Polls the service's endpoint (as the inventory sets it) while the block runs; None: not measured."""
+    if inventory is None:
+        yield None
+        return
+    try:
+        raw: RawInventory | None = read_inventory(inventory)
+    except InventoryError:
+        raw = None
+    target = endpoint(raw, inventory)
+    if target is None:
+        yield None
+        return
+    with DowntimeMeter(*target) as meter:
+        yield meter
+
+
+def _rollback(
+    template: RunSpec,
+    slot: Literal["current", "previous"],
+    progress: ProgressSink | None,
+    cancel: Callable[[], bool] | None,
+    marker: HeadMarker | None,
+    *,
+    required: bool,
+    acquired: bool = False,
+) -> RollbackReport:
+    """Run playbooks/rollback.yml for ``slot`` and read what it published (``gpufleet_rollback``)."""
+    spec = _spec(
+        "rollback",
+        inventory=template.inventory,
+        extravars={
+            **template.extravars,
+            "gpufleet_revision_slot": slot,
+            "gpufleet_revision_required": required,
+        },
+        project_dir=template.project,
+        timeout=template.timeout,
+        env_passthrough=template.env_passthrough,
+    )
+    if not acquired:
+        try:  # the run's marker was released with its stages; the rollback holds it again
+            _acquire(marker)
+        except DeployError as busy:
+            return RollbackReport(slot=slot, ok=False, skipped=str(busy))
+    results, facts = _run([spec], progress, cancel, marker)
+    stage = results[0] if results else None
+    published = _mapping(facts, "gpufleet_rollback")
+    if published is None:
+        done = stage is not None and stage.status == "ok"
+        why = f"no {slot} revision kept yet (no deploy of this fleet has passed its health gate)"
+        return RollbackReport(slot=slot, ok=False, skipped=why if done else None, stage=stage)
+    try:
+        revision = KeptRevision.model_validate(published.get("revision") or {})
+    except ValidationError:
+        revision = None
+    restored = published.get("restored") or {}
+    return RollbackReport(
+        slot=slot,
+        ok=stage is not None and stage.status == "ok",
+        revision=revision,
+        restarted=_truthy(published.get("restarted")),
+        restored={str(host): tuple(str(line) for line in lines or ()) for host, lines in restored.items()},
+        stage=stage,
+    )
 
 
 def _monitoring(facts: Facts) -> MonitoringEndpoints | None:

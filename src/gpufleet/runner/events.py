@@ -28,6 +28,8 @@ PUBLISHED_FACTS = frozenset(
         "gpufleet_verify",
         "gpufleet_service_load",
         "gpufleet_monitoring_endpoints",
+        "gpufleet_revisions",
+        "gpufleet_rollback",
     }
 )
 _RESULTS = {
@@ -204,7 +206,11 @@ def failure_message(res: Mapping[str, Any]) -> str:
     if not parts and (stdout := res.get("stdout")):
         parts.append(str(stdout).strip())
     message = ": ".join(parts) or "failed without a message"
-    return message if len(message) <= _MESSAGE_LIMIT else message[: _MESSAGE_LIMIT - 1] + "…"
+    if len(message) <= _MESSAGE_LIMIT:
+        return message
+    # The head says what failed; the tail is where a log shown in the message has its last lines (the crash).
+    tail = _MESSAGE_LIMIT * 2 // 5
+    return message[: _MESSAGE_LIMIT - tail - 3] + "\n…\n" + message[-tail:]
 
 
 def _time(value: Any) -> datetime | None:

@@ -16,7 +16,16 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from gpufleet.runner.report import DeployReport, Failure, ServiceLoad, StageResult, StatusReport, VerifyResult
+from gpufleet.runner.report import (
+    DeployReport,
+    Downtime,
+    Failure,
+    RollbackReport,
+    ServiceLoad,
+    StageResult,
+    StatusReport,
+    VerifyResult,
+)
 from gpufleet.vllm_log import VllmFacts
 
 _COLUMNS = ("ok", "changed", "failed", "skipped")
@@ -176,12 +185,59 @@ def print_deploy_report(console: Console, report: DeployReport) -> None:
         console.print(f"monitoring: Prometheus {monitoring.prometheus}{grafana} ({up})")
     for warning in report.warnings:
         console.print(Text("warning: " + warning, style="yellow"))
+    if report.rollback is not None:
+        console.print(_rolled_back(report.rollback))
+    if report.downtime is not None:
+        console.print(_downtime(report.downtime))
     outcome = "deployed" + (" (no changes)" if report.changed == 0 and not report.check_mode else "")
+    if (back := report.rollback) is not None:
+        if report.failed_stage in (None, "rollback"):  # gpufleet rollback
+            outcome = "rolled back" if back.ok else "the rollback failed"
+        elif back.ok:
+            outcome = f"failed in stage {report.failed_stage}; rolled back"
+        else:
+            why = f"not rolled back: {back.skipped}" if back.skipped else "the rollback failed too"
+            outcome = f"failed in stage {report.failed_stage}; {why}"
     console.print(
         Text(
-            outcome if report.ok else f"failed in stage {report.failed_stage}",
+            outcome if report.ok or report.rollback is not None else f"failed in stage {report.failed_stage}",
             style="bold green" if report.ok else "bold red",
         )
+    )
+
+
+def _rolled_back(back: RollbackReport) -> RenderableType:
+    if back.skipped:
+        return Text(f"rollback: {back.skipped}", style="yellow")
+    revision = back.revision
+    what = "the kept revision"
+    if revision is not None:
+        model = (revision.model or {}).get("revision", "")[:12]
+        image = revision.image_name or (revision.image_id or "")[:19]
+        model = f", model {model}" if model else ""
+        what = f"revision {revision.id} ({image}{model}, kept {revision.created})"
+    lines = [
+        Text(
+            f"rollback ({back.slot}): {what}: "
+            + ("serves again (model listed, completion answered)" if back.ok else "did not pass the gate"),
+            style="green" if back.ok else "red",
+        )
+    ]
+    for host, restored in back.restored.items():
+        lines.append(Text(f"  {host}: " + (", ".join(restored) if restored else "already in place")))
+    if not back.restarted and back.ok:
+        lines.append(Text("  nothing restarted: the revision was in place and answering"))
+    return Group(*lines)
+
+
+def _downtime(downtime: Downtime) -> RenderableType:
+    if not downtime.answered_before:
+        return Text("downtime: not measured (the service did not answer when the run began)")
+    after = "answers now" if downtime.answers_after else "does NOT answer now"
+    return Text(
+        f"downtime: {downtime.seconds:.0f} s without answers ({downtime.outages} outage(s), longest "
+        f"{downtime.longest:.0f} s, polled every {downtime.interval:g} s from here); the endpoint {after}",
+        style="" if downtime.answers_after else "red",
     )
 
 

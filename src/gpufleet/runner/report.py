@@ -71,6 +71,42 @@ class MonitoringEndpoints(_Frozen):
     targets_up: int = 0
 
 
+class Downtime(_Frozen):
+    """How long the endpoint did not answer while a change ran (polled from the control node)."""
+
+    seconds: float  # all outages together
+    longest: float
+    outages: int
+    answered_before: bool  # False: the service was not up when the run began (a first deploy)
+    answers_after: bool
+    probes: int
+    interval: float  # the figures are as fine as this
+
+
+class KeptRevision(_Frozen):
+    """A revision a node keeps for rollback (the head's), as the playbook published it."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    id: str
+    created: str | None = None
+    image_name: str | None = None
+    image_id: str | None = None
+    model: dict[str, str] | None = None
+
+
+class RollbackReport(_Frozen):
+    """What a rollback did: the revision it restored, per node what it put back, and whether it serves."""
+
+    slot: Literal["current", "previous"]
+    ok: bool
+    skipped: str | None = None  # why nothing was restored (no revision kept yet)
+    revision: KeptRevision | None = None
+    restarted: bool = False
+    restored: dict[str, tuple[str, ...]] = {}
+    stage: StageResult | None = None
+
+
 class DeployReport(_Frozen):
     """The outcome of running stages (deploy, teardown): every stage run, in order, and what they set up."""
 
@@ -85,6 +121,8 @@ class DeployReport(_Frozen):
     verify: VerifyResult | None = None
     warnings: tuple[str, ...] = ()
     monitoring: MonitoringEndpoints | None = None
+    downtime: Downtime | None = None
+    rollback: RollbackReport | None = None
 
     @property
     def changed(self) -> int:

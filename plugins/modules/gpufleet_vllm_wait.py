@@ -1,0 +1,151 @@
+#!/usr/bin/python
+"""Ansible module: wait until vLLM lists the served model, and stop waiting when vLLM keeps exiting.
+
+``until`` on a uri task can only watch the endpoint, so an image that exits at start (built for a newer
+driver, a broken build) was waited on for the whole start timeout (30 minutes by default) before anything
+said so. This module polls ``/v1/models`` and, between polls, the systemd unit that runs vLLM: when the unit
+has restarted ``max_restarts`` times since the wait began (vLLM exited each time), or has failed, it stops
+at once, and the caller shows vLLM's log. A model that loads slowly restarts nothing and is waited for.
+"""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: gpufleet_vllm_wait
+author: gpufleet maintainers (@gpufleet)
+short_description: Wait until vLLM lists the served model; stop early when its unit keeps restarting
+description:
+  - Polls URL/v1/models with the API key until the served model is listed, and the unit's NRestarts and
+    ActiveState between polls; fails when the unit restarted max_restarts times or failed, or on timeout.
+  - Used by the gpufleet.gpufleet.vllm_service role (wait.yml). Changes nothing.
+options:
+  url: {type: str, required: true, description: "vLLM's base URL (http://HOST:PORT)."}
+  api_key: {type: str, required: true, no_log: true, description: The API key (a Bearer token).}
+  served_model: {type: str, required: true, description: The name /v1/models must list.}
+  unit: {type: str, required: true, description: The systemd unit that runs vLLM.}
+  timeout: {type: int, default: 1800, description: Seconds to wait in all.}
+  interval: {type: int, default: 5, description: Seconds between polls.}
+  max_restarts: {type: int, default: 2, description: Restarts of the unit that end the wait (0 = never).}
+"""
+
+EXAMPLES = r"""
+- name: Wait until vLLM serves the model
+  gpufleet.gpufleet.gpufleet_vllm_wait:
+    url: http://10.0.0.11:8000
+    api_key: "{{ __vllm_service_api_key }}"
+    served_model: tiny
+    unit: gpufleet-vllm.service
+"""
+
+RETURN = r"""
+status:
+  description: The HTTP status of the last poll (0 when it did not answer).
+  returned: always
+  type: int
+restarts:
+  description: How often the unit restarted while this waited.
+  returned: always
+  type: int
+seconds:
+  description: How long it waited.
+  returned: always
+  type: float
+why:
+  description: Why it stopped waiting without the model (restarts, failed, timeout), empty when it served.
+  returned: always
+  type: str
+"""
+
+import json
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+def unit_state(unit: str) -> tuple[int, str]:
+    """(NRestarts, ActiveState) of a systemd unit; (0, '') when systemctl cannot say."""
+    done = subprocess.run(
+        ["systemctl", "show", "--property=NRestarts", "--property=ActiveState", unit],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    values = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    try:
+        return int(values.get("NRestarts", "0") or 0), values.get("ActiveState", "")
+    except ValueError:
+        return 0, values.get("ActiveState", "")
+
+
+def listed(url: str, key: str, served: str) -> tuple[int, bool]:
+    request = urllib.request.Request(url + "/v1/models", headers={"Authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            body = json.loads(response.read() or b"{}")
+            names = [entry.get("id") for entry in body.get("data", []) if isinstance(entry, dict)]
+            return int(response.status), served in names
+    except urllib.error.HTTPError as refused:
+        return int(refused.code), False
+    except (OSError, ValueError):
+        return 0, False
+
+
+def run(params: dict[str, Any]) -> dict[str, Any]:
+    started = time.monotonic()
+    first, _ = unit_state(params["unit"])
+    status, restarts, why = 0, 0, "timeout"
+    while True:
+        status, ready = listed(params["url"].rstrip("/"), params["api_key"], params["served_model"])
+        if ready:
+            why = ""
+            break
+        count, active = unit_state(params["unit"])
+        restarts = max(0, count - first)
+        if params["max_restarts"] and restarts >= params["max_restarts"]:
+            why = "restarts"
+            break
+        if active == "failed":
+            why = "failed"
+            break
+        if time.monotonic() - started + params["interval"] > params["timeout"]:
+            break
+        time.sleep(params["interval"])
+    return {
+        "changed": False,
+        "status": status,
+        "restarts": restarts,
+        "seconds": round(time.monotonic() - started, 1),
+        "why": why,
+    }
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "url": {"type": "str", "required": True},
+            "api_key": {"type": "str", "required": True, "no_log": True},
+            "served_model": {"type": "str", "required": True},
+            "unit": {"type": "str", "required": True},
+            "timeout": {"type": "int", "default": 1800},
+            "interval": {"type": "int", "default": 5},
+            "max_restarts": {"type": "int", "default": 2},
+        },
+        supports_check_mode=True,
+    )
+    result = run(module.params)
+    if result["why"]:
+        said = {
+            "restarts": f"vLLM exited and its unit restarted {result['restarts']} times",
+            "failed": "vLLM's unit failed",
+            "timeout": f"no answer listing the model within {module.params['timeout']} s",
+        }[result["why"]]
+        module.fail_json(msg=f"{said} (last answer: HTTP {result['status'] or 'none'})", **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

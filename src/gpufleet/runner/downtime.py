@@ -1,0 +1,111 @@
+"""The downtime of a change, measured from the control node: the endpoint polled while the stages run.
+
+A probe is ``GET /v1/models`` with the API key (what a client needs: the server up and the key accepted),
+every ``interval`` seconds with a ``timeout``. An outage starts at the first failed probe after a good one and
+ends at the next good one (or at the last probe, when none came). The figure is as fine as the interval.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gpufleet.fleet.inventory import RawInventory
+from gpufleet.runner.report import Downtime
+
+INTERVAL = 1.0
+TIMEOUT = 2.0
+
+
+def measure(probes: Sequence[tuple[float, bool]], interval: float = INTERVAL) -> Downtime:
+    """Outages in a series of (monotonic time, answered) probes, in time order."""
+    outages: list[float] = []
+    seen_good = False
+    down_since: float | None = None
+    for at, good in probes:
+        if good:
+            if down_since is not None:
+                outages.append(at - down_since)
+                down_since = None
+            seen_good = True
+        elif seen_good and down_since is None:
+            down_since = at
+    if down_since is not None:
+        outages.append(probes[-1][0] - down_since)
+    return Downtime(
+        seconds=round(sum(outages), 1),
+        longest=round(max(outages, default=0.0), 1),
+        outages=len(outages),
+        answered_before=bool(probes) and probes[0][1],
+        answers_after=bool(probes) and probes[-1][1],
+        probes=len(probes),
+        interval=interval,
+    )
+
+
+def endpoint(raw: RawInventory | None, inventory: Path) -> tuple[str, Path] | None:
+    """The service's /v1 URL and the API key file, as the inventory sets them (None: not knowable here)."""
+    if raw is None:
+        return None
+    heads = raw.members("ray_head")
+    if not heads:
+        return None
+    variables: dict[str, Any] = dict(heads[0].variables)
+    host = str(variables.get("vllm_service_host", "0.0.0.0"))  # vLLM binds all addresses by default
+    if host in ("0.0.0.0", "::"):
+        host = str(variables.get("gpufleet_node_ip", ""))
+    if not host or "{{" in host:
+        return None
+    port = str(variables.get("vllm_service_port", 8000))
+    folder = inventory if inventory.is_dir() else inventory.parent
+    key = variables.get("gpufleet_api_key_file") or variables.get("vllm_service_api_key_file")
+    key_file = Path(str(key)) if key and "{{" not in str(key) else folder / "gpufleet.apikey"
+    return f"http://{host}:{port}/v1", key_file
+
+
+class DowntimeMeter:
+    """Polls ``url``/models in a thread for the length of a ``with`` block; :meth:`result` measures it."""
+
+    def __init__(
+        self, url: str, key_file: Path, interval: float = INTERVAL, timeout: float = TIMEOUT
+    ) -> None:
+        self._url, self._key_file = url.rstrip("/") + "/models", key_file
+        self._interval, self._timeout = interval, timeout
+        self._probes: list[tuple[float, bool]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="gpufleet-downtime", daemon=True)
+
+    def __enter__(self) -> DowntimeMeter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(self._timeout + self._interval + 1)
+
+    def probe(self) -> bool:
+        try:
+            key = self._key_file.read_text(encoding="utf-8").strip()
+        except OSError:
+            key = ""
+        request = urllib.request.Request(self._url, headers={"Authorization": f"Bearer {key}"})
+        try:
+            with urllib.request.urlopen(request, timeout=self._timeout) as response:
+                return bool(response.status == 200)
+        except (OSError, urllib.error.URLError, ValueError):
+            return False
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            good = self.probe()
+            self._probes.append((started, good))
+            self._stop.wait(max(0.0, self._interval - (time.monotonic() - started)))
+
+    def result(self) -> Downtime:
+        return measure(list(self._probes), self._interval)

@@ -1,0 +1,187 @@
+"""gpufleet_revision (issue 14, upgrades and rollback): what a node keeps of its last two healthy revisions,
+and how it puts one back. Run as Ansible runs it (a subprocess with its arguments file) on real files in a
+temporary directory; the docker CLI is tests/doubles/docker-cli-double.sh (no dockerd on this machine; the
+real CLI is exercised in the lab by tests/integration/test_e2e.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+MODULE = REPO / "plugins/modules/gpufleet_revision.py"
+DOCKER = REPO / "tests/doubles/docker-cli-double.sh"
+OLD, NEW = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+
+
+class Node:
+    """A node's files, model directory and (through the docker double) images, under one tmp_path."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.etc = root / "etc"
+        self.etc.mkdir()
+        self.model = root / "models" / "tiny"
+        self.model.mkdir(parents=True)
+        self.docker = root / "docker"
+        self.docker.mkdir()
+        self.files = [self.etc / "ray.env", self.etc / "vllm.yaml", self.etc / "firewall.service"]
+
+    def runs(self, image: str, *, env: str, config: str, model_rev: str, weights: bytes) -> None:
+        """What a deploy leaves: the rendered files, the container's image, the model (atomic renames)."""
+        (self.docker / "container-image").write_text(image + "\n")
+        with (self.docker / "images").open("a") as images:
+            images.write(image + "\n")
+        for path, text, mode in ((self.files[0], env, 0o600), (self.files[1], config, 0o644)):
+            path.write_text(text)
+            path.chmod(mode)
+        for name, data in (
+            ("model.safetensors", weights),
+            (".gpufleet-model.json", json.dumps({"revision": model_rev}).encode()),
+        ):
+            staged = self.model / (name + ".tmp")
+            staged.write_bytes(data)
+            os.replace(staged, self.model / name)  # as model_fetch's copy and promote do
+
+    def module(self, check: bool = False, **args: Any) -> dict[str, Any]:
+        params = {
+            "root": str(self.root / "revisions"),
+            "files": [str(path) for path in self.files],
+            "model_dir": str(self.model),
+            "docker": str(DOCKER),
+            "image_name": "vllm:1",
+            **args,
+        }
+        if check:
+            params["_ansible_check_mode"] = True
+        arguments = self.root / "args.json"
+        arguments.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": params}))
+        done = subprocess.run(
+            [sys.executable, str(MODULE), str(arguments)],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ, "DOCKER_DOUBLE_DIR": str(self.docker)},
+        )
+        result: dict[str, Any] = json.loads(done.stdout)
+        return result
+
+    def tags(self) -> list[str]:
+        path = self.docker / "tags"
+        return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    node = Node(tmp_path)
+    node.runs(OLD, env="IMAGE=1\n", config="max-model-len: 4096\n", model_rev="r1", weights=b"one")
+    return node
+
+
+def test_a_healthy_revision_is_recorded_once(node: Node) -> None:
+    first = node.module(state="record", gate={"url": "http://10.0.0.11:8000", "served_model": "tiny"})
+    second = node.module(state="record")
+
+    assert first["changed"] and not second["changed"]  # a no-op re-run records nothing
+    current = first["revisions"]["current"]
+    assert current["image_id"] == OLD and current["model"]["revision"] == "r1"
+    assert current["gate"] == {"url": "http://10.0.0.11:8000", "served_model": "tiny"}
+    assert first["revisions"]["previous"] is None
+    kept = node.root / "revisions/current/files" / str(node.files[0]).lstrip("/")
+    assert kept.read_text() == "IMAGE=1\n" and kept.stat().st_mode & 0o777 == 0o600
+    assert node.tags() == [f"{OLD} gpufleet/revision:current"]
+
+
+def test_the_kept_model_is_hard_links_that_survive_the_next_fetch(node: Node) -> None:
+    node.module(state="record")
+    keep = node.model.parent / ".gpufleet-revisions" / "tiny@current" / "model.safetensors"
+    assert keep.stat().st_ino == (node.model / "model.safetensors").stat().st_ino  # no second copy
+
+    node.runs(NEW, env="IMAGE=2\n", config="max-model-len: 4096\n", model_rev="r2", weights=b"two")
+
+    assert keep.read_bytes() == b"one"
+
+
+def test_a_different_revision_moves_current_to_previous(node: Node) -> None:
+    node.module(state="record")
+    node.runs(NEW, env="IMAGE=2\n", config="max-model-len: 8192\n", model_rev="r2", weights=b"two")
+
+    upgraded = node.module(state="record")
+
+    assert upgraded["changed"]
+    assert upgraded["revisions"]["current"]["image_id"] == NEW
+    assert upgraded["revisions"]["previous"]["image_id"] == OLD
+    assert upgraded["revisions"]["previous"]["model"]["keep"].endswith("tiny@previous")
+    assert node.tags()[-2:] == [f"{OLD} gpufleet/revision:previous", f"{NEW} gpufleet/revision:current"]
+
+
+def test_restoring_previous_puts_files_modes_and_model_back(node: Node) -> None:
+    node.module(state="record")
+    node.runs(NEW, env="IMAGE=2\n", config="max-model-len: 8192\n", model_rev="r2", weights=b"two")
+    node.files[2].write_text("[Unit]\n")  # a file the old revision did not have
+    node.module(state="record")
+    node.files[0].chmod(0o644)
+
+    restored = node.module(state="restore", slot="previous")
+
+    assert restored["changed"]
+    assert node.files[0].read_text() == "IMAGE=1\n" and node.files[0].stat().st_mode & 0o777 == 0o600
+    assert node.files[1].read_text() == "max-model-len: 4096\n"
+    assert not node.files[2].exists()
+    assert (node.model / "model.safetensors").read_bytes() == b"one"
+    assert json.loads((node.model / ".gpufleet-model.json").read_text())["revision"] == "r1"
+    assert any("model at r1" in line for line in restored["restored"]), restored["restored"]
+    assert node.module(state="restore", slot="previous")["changed"] is False  # in place now
+
+
+def test_restoring_current_undoes_a_failed_change(node: Node) -> None:
+    node.module(state="record")
+    node.files[1].write_text("max-model-len: 999999\n")  # the change whose gate failed
+
+    restored = node.module(state="restore", slot="current")
+
+    assert restored["restored"] == [f"{node.files[1]} (restored)"]
+    assert node.files[1].read_text() == "max-model-len: 4096\n"
+
+
+def test_check_mode_says_what_it_would_restore_and_changes_nothing(node: Node) -> None:
+    node.module(state="record")
+    node.files[1].write_text("changed\n")
+
+    would = node.module(check=True, state="restore", slot="current")
+
+    assert would["changed"] and would["restored"] == [f"{node.files[1]} (restored)"]
+    assert node.files[1].read_text() == "changed\n"
+
+
+def test_a_missing_revision_is_refused_naming_what_records_one(node: Node) -> None:
+    refused = node.module(state="restore", slot="previous")
+
+    assert refused["failed"]
+    assert "no previous revision" in refused["msg"] and "passes its health gate" in refused["msg"]
+    assert "Nothing was changed" in refused["msg"]
+
+
+def test_a_removed_image_is_refused_before_anything_changes(node: Node) -> None:
+    node.module(state="record")
+    node.files[1].write_text("changed\n")
+    (node.docker / "images").write_text("")  # docker rmi of the kept image
+
+    refused = node.module(state="restore", slot="current")
+
+    assert refused["failed"] and f"image {OLD}" in refused["msg"] and "Fix: load that image" in refused["msg"]
+    assert node.files[1].read_text() == "changed\n"
+
+
+def test_nothing_running_is_refused_but_check_mode_on_a_fresh_node_passes(tmp_path: Path) -> None:
+    fresh = Node(tmp_path)
+
+    assert fresh.module(check=True, state="record")["changed"]
+    refused = fresh.module(state="record")
+    assert refused["failed"] and "is not there" in refused["msg"]
