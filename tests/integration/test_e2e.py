@@ -40,6 +40,7 @@ from tests.monitoring_assets import ALERT_NAMES, dashboards, metric_names, panel
 
 from gpufleet.lab.demo import DIST, api_key_file, build_lab_bundle, chat, lab_plan, route_to_bridge
 from gpufleet.lab.net import outbound_drops
+from gpufleet.lab.upgrade import BROKEN_MESSAGE, BROKEN_SUFFIX, UPGRADE_SUFFIX, image_id, make_images
 from gpufleet.runner import STAGES, DeployReport, deploy, status, teardown
 from gpufleet.vllm_log import compare
 
@@ -423,6 +424,117 @@ def test_a_killed_server_leaves_no_orphan_and_the_restarted_one_is_alone(
     assert len(servers) == 1 and int(servers[0]) in after["service"], (servers, after["service"])
 
 
+# ----- upgrades and rollback (issue 14): a second tag of the lab image, then a broken one, then back
+# Both are made on the head from the lab image and loaded on the workers (gpufleet.lab.upgrade: only their
+# small parts travel), so every node has the same image IDs.
+
+IMAGE = "gpufleet/vllm-cpu:0.32.0"
+UPGRADE = IMAGE + UPGRADE_SUFFIX
+BROKEN = IMAGE + BROKEN_SUFFIX
+
+
+def kept_revision(lab: RunningLab, host: str, slot: str) -> dict[str, Any] | None:
+    read = lab.ssh(host, ["cat", f"/var/lib/gpufleet/revisions/{slot}/revision.json"])
+    return json.loads(read.stdout) if read.returncode == 0 else None
+
+
+@pytest.fixture(scope="module")
+def upgrade_images(lab: RunningLab, deployment: Deployment) -> dict[str, str]:
+    ids = make_images(lab.lab, IMAGE)
+    assert len(set(ids.values())) == 3, ids
+    return ids
+
+
+def answers(lab: RunningLab, deployment: Deployment) -> str:
+    """A chat completion's text from the head's endpoint with the key (asserting HTTP 200)."""
+    head = lab.inventory.hosts[0]
+    code, body = chat(f"http://{head.ip}:8000/v1", deployment.key, "tiny")
+    assert code == 200, body
+    return str(body["choices"][0]["message"]["content"])
+
+
+def test_an_upgrade_to_a_second_tag_changes_only_the_units_and_keeps_the_previous_revision(
+    lab: RunningLab, deployment: Deployment, upgrade_images: dict[str, str]
+) -> None:
+    report = deploy(
+        deployment.inventory, stages=["cluster", "serve", "verify"], extra_vars={"ray_cluster_image": UPGRADE}
+    )
+
+    assert report.ok, failures(report)
+    changed = {stage.name: {host.host: host.changed for host in stage.hosts} for stage in report.stages}
+    print(f"upgrade: {report.seconds:.0f} s, changed {changed}; downtime {report.downtime}")
+    # cluster: the Ray unit (it runs the image by ID) on every node, its restart (head; then each worker,
+    # announced and done); serve: nothing (vLLM restarts with Ray's unit); verify: the new revision recorded.
+    assert changed == {
+        "cluster": {"node1": 2, "node2": 3, "node3": 3},
+        "serve": {"node1": 0, "node2": 0, "node3": 0},
+        "verify": {"node1": 1, "node2": 1, "node3": 1},
+    }
+    downtime = report.downtime
+    assert downtime is not None and downtime.answered_before and downtime.answers_after
+    assert downtime.outages == 1 and 0 < downtime.seconds < 600, downtime
+    for host in lab.hosts:
+        current, previous = kept_revision(lab, host, "current"), kept_revision(lab, host, "previous")
+        assert current is not None and current["image_id"] == upgrade_images[UPGRADE], (host, current)
+        assert previous is not None and previous["image_id"] == upgrade_images[IMAGE], (host, previous)
+        assert image_id(lab.lab, host, "gpufleet/revision:previous") == upgrade_images[IMAGE]
+    assert answers(lab, deployment)
+
+
+def test_an_upgrade_to_an_image_that_exits_at_start_is_rolled_back_and_answers_again(
+    lab: RunningLab, deployment: Deployment, upgrade_images: dict[str, str]
+) -> None:
+    report = deploy(
+        deployment.inventory, stages=["cluster", "serve", "verify"], extra_vars={"ray_cluster_image": BROKEN}
+    )
+
+    print(f"broken: {report.seconds:.0f} s, downtime {report.downtime}, rollback {report.rollback}")
+    assert not report.ok and report.failed_stage == "serve", failures(report)
+    said = failures(report)
+    assert "vLLM exited and its unit restarted 2 times" in said, said  # not the 30 min start timeout
+    assert BROKEN_MESSAGE in said, said  # the end of vLLM's log
+    back = report.rollback
+    assert back is not None and back.ok and back.slot == "current" and back.restarted, back
+    assert back.revision is not None and back.revision.image_id == upgrade_images[UPGRADE]
+    for host, lines in back.restored.items():
+        assert "/etc/systemd/system/gpufleet-ray.service (restored)" in lines, (host, lines)
+    head = lab.hosts[0]
+    unit = lab.ssh(head, ["systemctl", "cat", "gpufleet-ray.service"]).stdout
+    assert upgrade_images[UPGRADE] in unit and upgrade_images[BROKEN] not in unit
+    assert answers(lab, deployment)
+    downtime = report.downtime
+    assert downtime is not None and downtime.answers_after and downtime.seconds > 0, downtime
+    current = kept_revision(lab, head, "current")
+    assert current is not None and current["image_id"] == upgrade_images[UPGRADE]  # kept, not replaced
+
+
+def test_gpufleet_rollback_brings_the_previous_revision_back(
+    lab: RunningLab,
+    deployment: Deployment,
+    upgrade_images: dict[str, str],
+    installed_gpufleet: Path,
+    tmp_path: Path,
+) -> None:
+    run = run_installed(installed_gpufleet, "rollback", "-i", str(deployment.inventory), "--json",
+                        cwd=tmp_path, timeout=1200)  # fmt: skip
+    assert run.stdout.strip(), f"gpufleet rollback printed no report (exit {run.returncode}): {run.stderr}"
+    report = DeployReport.model_validate_json(run.stdout)
+
+    print(f"rollback: {report.seconds:.0f} s, downtime {report.downtime}")
+    assert run.returncode == 0 and report.ok, failures(report)
+    back = report.rollback
+    assert back is not None and back.slot == "previous" and back.revision is not None
+    assert back.revision.image_id == upgrade_images[IMAGE] and back.revision.image_name == IMAGE
+    assert report.downtime is not None and report.downtime.answers_after
+    head = lab.hosts[0]
+    assert upgrade_images[IMAGE] in lab.ssh(head, ["systemctl", "cat", "gpufleet-ray.service"]).stdout
+    assert answers(lab, deployment)
+    current, previous = kept_revision(lab, head, "current"), kept_revision(lab, head, "previous")
+    # rolling back again would return to where it was
+    assert current is not None and current["image_id"] == upgrade_images[IMAGE]
+    assert previous is not None and previous["image_id"] == upgrade_images[UPGRADE]
+
+
 def test_status_reports_a_stopped_service_without_failing(lab: RunningLab, deployment: Deployment) -> None:
     stopped = teardown(deployment.inventory)
     assert stopped.ok, failures(stopped)
@@ -443,7 +555,6 @@ def test_status_reports_a_stopped_service_without_failing(lab: RunningLab, deplo
 # The images stay on the hosts after teardown; each case runs the stage's playbook from this checkout against
 # the deployed lab and restores what it broke.
 
-IMAGE = "gpufleet/vllm-cpu:0.32.0"
 NO_RAY = "gpufleet/vllm-cpu:0.32.0-noray"
 
 

@@ -61,7 +61,8 @@ def inventory(tmp_path: Path, head_vars: str) -> Path:
 def test_the_endpoint_is_the_heads_cluster_address_and_the_key_beside_the_inventory(tmp_path: Path) -> None:
     hosts = inventory(tmp_path, "")
 
-    assert endpoint(read_inventory(hosts), hosts) == ("http://10.0.0.11:8000/v1", tmp_path / "gpufleet.apikey")
+    want = ("http://10.0.0.11:8000/v1", tmp_path / "gpufleet.apikey")
+    assert endpoint(read_inventory(hosts), hosts) == want
 
 
 def test_the_endpoint_follows_the_inventorys_port_bind_address_and_key_file(tmp_path: Path) -> None:

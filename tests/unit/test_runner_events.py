@@ -199,7 +199,8 @@ def test_a_bounded_message_keeps_its_head_and_the_last_lines_of_its_log() -> Non
     """A failure that shows vLLM's log ends with the crash: the middle goes, not the end (a broken image's
     "exits at start" line was cut off the report)."""
     log = "\n".join(f"line {number}" for number in range(1000))
-    message = failure_message({"msg": f"node1: vLLM did not list the model. Last lines:\n{log}\nexits at start"})
+    said = f"node1: vLLM did not list the model. Last lines:\n{log}\nexits at start"
+    message = failure_message({"msg": said})
 
     assert message.startswith("node1: vLLM did not list the model.")
     assert message.endswith("line 999\nexits at start")
