@@ -243,18 +243,23 @@ def _rollback(
     acquired: bool = False,
 ) -> RollbackReport:
     """Run playbooks/rollback.yml for ``slot`` and read what it published (``gpufleet_rollback``)."""
-    spec = _spec(
-        "rollback",
-        inventory=template.inventory,
-        extravars={
-            **template.extravars,
-            "gpufleet_revision_slot": slot,
-            "gpufleet_revision_required": required,
-        },
-        project_dir=template.project,
-        timeout=template.timeout,
-        env_passthrough=template.env_passthrough,
-    )
+    try:
+        spec = _spec(
+            "rollback",
+            inventory=template.inventory,
+            extravars={
+                **template.extravars,
+                "gpufleet_revision_slot": slot,
+                "gpufleet_revision_required": required,
+            },
+            project_dir=template.project,
+            timeout=template.timeout,
+            env_passthrough=template.env_passthrough,
+        )
+    except DeployError as missing:  # a project without the playbook (a custom project_dir)
+        if required:
+            raise
+        return RollbackReport(slot=slot, ok=False, skipped=str(missing))
     if not acquired:
         try:  # the run's marker was released with its stages; the rollback holds it again
             _acquire(marker)

@@ -193,6 +193,8 @@ def print_deploy_report(console: Console, report: DeployReport) -> None:
     if (back := report.rollback) is not None:
         if report.failed_stage in (None, "rollback"):  # gpufleet rollback
             outcome = "rolled back" if back.ok else "the rollback failed"
+        elif back.ok and not back.restarted and not any(back.restored.values()):
+            outcome = f"failed in stage {report.failed_stage}; the running revision was untouched and answers"
         elif back.ok:
             outcome = f"failed in stage {report.failed_stage}; rolled back"
         else:
