@@ -30,7 +30,12 @@ options:
   container: {type: str, default: gpufleet-ray, description: The container whose image ID is recorded.}
   image_name: {type: str, default: "", description: The image reference the inventory names (for the report).}
   model_dir: {type: path, default: "", description: The model directory (empty when the node has none).}
-  gate: {type: dict, default: {}, description: What the health gate asks (url, served model), kept as given.}
+  gate:
+    {type: dict, default: {}, description: "What the health gate asks (url, served model), kept as given."}
+  fleet:
+    {type: str, default: "", description: "With state=record: the fleet revision (one ID for every node's
+    state; empty = this node's own). A node records when its current revision has another one, so every
+    node rotates when any node changed."}
   slot: {type: str, default: current, choices: [current, previous], description: With state=restore.}
   docker: {type: str, default: docker, description: The docker CLI.}
 """
@@ -55,6 +60,8 @@ restored:
   elements: str
 """
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -136,7 +143,8 @@ def read(root: str, slot: str) -> dict[str, Any] | None:
 def summary(record: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if record is None:
         return None
-    return {key: record.get(key) for key in ("id", "created", "image_name", "image_id", "model", "gate")}
+    keys = ("id", "fleet", "created", "image_name", "image_id", "model", "gate")
+    return {key: record.get(key) for key in keys}
 
 
 def link_tree(source: str, target: str) -> None:
@@ -153,15 +161,73 @@ def link_tree(source: str, target: str) -> None:
 
 
 def write_file(source: str, path: str, mode: str) -> None:
-    """Atomic: a temporary file in the target's directory, renamed over it."""
+    """Atomic: a temporary file in the target's directory (0600 from the start: it may carry the API key),
+    renamed over it."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     temporary = f"{path}.gpufleet-restore"
-    shutil.copyfile(source, temporary)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(temporary)
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "wb") as out, open(source, "rb") as src:
+        shutil.copyfileobj(src, out)
     os.chmod(temporary, int(mode, 8))
     os.replace(temporary, path)
 
 
+def build(now: dict[str, Any], staging: str) -> list[str]:
+    """The new slot's files under ``staging`` and its model's hard links under its temporary name."""
+    shutil.rmtree(staging, ignore_errors=True)
+    for path, state in now["files"].items():
+        if state is not None:
+            kept = os.path.join(staging, "files", path.lstrip("/"))
+            os.makedirs(os.path.dirname(kept), mode=0o700, exist_ok=True)
+            shutil.copyfile(path, kept)
+            os.chmod(kept, 0o600)  # the environment files carry the API key
+    if now["model"] is None:
+        return []
+    incoming = keep_dir(now["model"]["dir"], "current.new")
+    shutil.rmtree(incoming, ignore_errors=True)
+    now["model"]["keep"] = keep_dir(now["model"]["dir"], "current")
+    if os.path.isdir(now["model"]["dir"]):
+        try:
+            link_tree(now["model"]["dir"], incoming)
+        except OSError as error:
+            if error.errno != errno.EXDEV:
+                raise
+            shutil.rmtree(incoming, ignore_errors=True)
+            now["model"]["keep"] = ""
+            return [
+                f"{now['model']['dir']} is a mount point: its files cannot be kept as hard links beside it, "
+                "so a rollback across a model change needs that model fetched again"
+            ]
+    return []
+
+
+def rotate(root: str, current: dict[str, Any], cli: str) -> None:
+    """current -> previous (its model's links and image tag too); the old previous goes."""
+    old = read(root, "previous")
+    if old is not None and (old.get("model") or {}).get("keep"):
+        shutil.rmtree(old["model"]["keep"], ignore_errors=True)
+    shutil.rmtree(os.path.join(root, "previous"), ignore_errors=True)
+    if (current.get("model") or {}).get("keep"):
+        kept = keep_dir(current["model"]["dir"], "previous")
+        shutil.rmtree(kept, ignore_errors=True)
+        if os.path.isdir(current["model"]["keep"]):
+            os.replace(current["model"]["keep"], kept)
+        current["model"]["keep"] = kept
+    current["slot"] = "previous"
+    os.replace(os.path.join(root, "current"), os.path.join(root, "previous"))
+    write_record(os.path.join(root, "previous"), current)
+    tag(cli, current["image_id"], "previous")
+
+
 def record(module: AnsibleModule) -> dict[str, Any]:
+    """Make what runs the current revision of fleet revision ``fleet`` (the current one becomes previous).
+
+    The fleet revision is one ID for every node's state (playbooks compute it from each node's fingerprint):
+    when any node changed, every node rotates, so ``previous`` is the same change on every node, also on
+    one whose own files did not change. The new slot is built under temporary names first, then rotated
+    in by renames, so a failure (a full disk) leaves the kept slots as they were."""
     params, root = module.params, module.params["root"]
     try:
         now = live(params)
@@ -169,52 +235,34 @@ def record(module: AnsibleModule) -> dict[str, Any]:
         if module.check_mode:  # a fresh fleet in check mode: nothing runs yet, a real run records it
             return {"changed": True}
         raise
+    fleet = params["fleet"] or now["fingerprint"][:12]
     current = read(root, "current")
-    if current is not None and current.get("fingerprint") == now["fingerprint"]:
+    if current is not None and current.get("fleet", current.get("id")) == fleet:
         return {"changed": False}
     if module.check_mode:
         return {"changed": True}
     os.makedirs(root, mode=0o700, exist_ok=True)
-    if current is not None:  # current becomes previous; the old previous goes
-        old = read(root, "previous")
-        if old is not None and old.get("model"):
-            shutil.rmtree(old["model"]["keep"], ignore_errors=True)
-        shutil.rmtree(os.path.join(root, "previous"), ignore_errors=True)
-        if current.get("model"):
-            kept = keep_dir(current["model"]["dir"], "previous")
-            shutil.rmtree(kept, ignore_errors=True)
-            if os.path.isdir(current["model"]["keep"]):
-                os.replace(current["model"]["keep"], kept)
-            current["model"]["keep"] = kept
-        current["slot"] = "previous"
-        os.replace(os.path.join(root, "current"), os.path.join(root, "previous"))
-        write_record(os.path.join(root, "previous"), current)
-        tag(params["docker"], current["image_id"], "previous")
+    os.chmod(root, 0o700)
     staging = os.path.join(root, "current.new")
-    shutil.rmtree(staging, ignore_errors=True)
-    for path, state in now["files"].items():
-        if state is not None:
-            kept = os.path.join(staging, "files", path.lstrip("/"))
-            os.makedirs(os.path.dirname(kept), exist_ok=True)
-            shutil.copyfile(path, kept)
-            os.chmod(kept, 0o600)  # the environment files carry the API key
-    if now["model"] is not None:
-        kept = keep_dir(now["model"]["dir"], "current")
-        shutil.rmtree(kept, ignore_errors=True)
-        if os.path.isdir(now["model"]["dir"]):
-            link_tree(now["model"]["dir"], kept)
-        now["model"]["keep"] = kept
+    warnings = build(now, staging)
     now.update(
         slot="current",
+        fleet=fleet,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         image_name=params["image_name"],
         gate=params["gate"],
     )
     write_record(staging, now)
+    if current is not None:  # everything is built: rotate by renames (current -> previous, new -> current)
+        rotate(root, current, params["docker"])
+    if now["model"] is not None and now["model"]["keep"]:
+        shutil.rmtree(now["model"]["keep"], ignore_errors=True)
+        if os.path.isdir(keep_dir(now["model"]["dir"], "current.new")):
+            os.replace(keep_dir(now["model"]["dir"], "current.new"), now["model"]["keep"])
     shutil.rmtree(os.path.join(root, "current"), ignore_errors=True)
     os.replace(staging, os.path.join(root, "current"))
     tag(params["docker"], now["image_id"], "current")
-    return {"changed": True}
+    return {"changed": True, "warnings": warnings}
 
 
 def write_record(folder: str, data: Mapping[str, Any]) -> None:
@@ -292,6 +340,11 @@ def restore(module: AnsibleModule) -> dict[str, Any]:
 def run(module: AnsibleModule) -> dict[str, Any]:
     state, root = module.params["state"], module.params["root"]
     result: dict[str, Any] = {"changed": False, "restored": []}
+    if state == "read" and module.params["files"]:  # what runs now, for the fleet revision's ID
+        try:
+            result["fingerprint"] = live(module.params)["fingerprint"]
+        except RevisionError as missing:
+            result["fingerprint"], result["why"] = "", str(missing)
     if state == "record":
         result.update(record(module))
     elif state == "restore":
@@ -310,6 +363,7 @@ def main() -> None:
             "image_name": {"type": "str", "default": ""},
             "model_dir": {"type": "path", "default": ""},
             "gate": {"type": "dict", "default": {}},
+            "fleet": {"type": "str", "default": ""},
             "slot": {"type": "str", "default": "current", "choices": ["current", "previous"]},
             "docker": {"type": "str", "default": "docker"},
         },

@@ -20,7 +20,7 @@ description:
   - Used by the gpufleet.gpufleet.vllm_service role (wait.yml). Changes nothing.
 options:
   url: {type: str, required: true, description: "vLLM's base URL (http://HOST:PORT)."}
-  api_key: {type: str, required: true, no_log: true, description: The API key (a Bearer token).}
+  api_key: {type: str, required: true, description: The API key (a Bearer token; never logged).}
   served_model: {type: str, required: true, description: The name /v1/models must list.}
   unit: {type: str, required: true, description: The systemd unit that runs vLLM.}
   timeout: {type: int, default: 1800, description: Seconds to wait in all.}
@@ -51,7 +51,7 @@ seconds:
   returned: always
   type: float
 why:
-  description: Why it stopped waiting without the model (restarts, failed, timeout), empty when it served.
+  description: Why it stopped without the model (restarts, failed, key, timeout); empty when it served.
   returned: always
   type: str
 """
@@ -60,10 +60,10 @@ import json
 import subprocess
 import time
 import urllib.error
-import urllib.request
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import open_url
 
 
 def unit_state(unit: str) -> tuple[int, str]:
@@ -82,33 +82,35 @@ def unit_state(unit: str) -> tuple[int, str]:
 
 
 def listed(url: str, key: str, served: str) -> tuple[int, bool]:
-    request = urllib.request.Request(url + "/v1/models", headers={"Authorization": f"Bearer {key}"})
     try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            body = json.loads(response.read() or b"{}")
-            names = [entry.get("id") for entry in body.get("data", []) if isinstance(entry, dict)]
-            return int(response.status), served in names
+        response = open_url(url + "/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+        body = json.loads(response.read() or b"{}")
+        names = [entry.get("id") for entry in body.get("data", []) if isinstance(entry, dict)]
+        return int(response.getcode()), served in names
     except urllib.error.HTTPError as refused:
         return int(refused.code), False
-    except (OSError, ValueError):
+    except Exception:  # refused, reset, a half-sent reply while the server starts: not yet
         return 0, False
 
 
 def run(params: dict[str, Any]) -> dict[str, Any]:
     started = time.monotonic()
-    first, _ = unit_state(params["unit"])
+    first = unit_state(params["unit"])[0]
     status, restarts, why = 0, 0, "timeout"
     while True:
         status, ready = listed(params["url"].rstrip("/"), params["api_key"], params["served_model"])
         if ready:
             why = ""
             break
+        if status in (401, 403):  # up, but not with the key clients use: waiting will not change that
+            why = "key"
+            break
         count, active = unit_state(params["unit"])
         restarts = max(0, count - first)
         if params["max_restarts"] and restarts >= params["max_restarts"]:
             why = "restarts"
             break
-        if active == "failed":
+        if active in ("failed", "inactive"):  # inactive: it exited 0, and Restart=on-failure leaves it so
             why = "failed"
             break
         if time.monotonic() - started + params["interval"] > params["timeout"]:
@@ -140,7 +142,9 @@ def main() -> None:
     if result["why"]:
         said = {
             "restarts": f"vLLM exited and its unit restarted {result['restarts']} times",
-            "failed": "vLLM's unit failed",
+            "failed": "vLLM's unit failed or stopped",
+            "key": "vLLM refuses the API key the control node has (it runs with another one: restart "
+            "its unit after the key file changed)",
             "timeout": f"no answer listing the model within {module.params['timeout']} s",
         }[result["why"]]
         module.fail_json(msg=f"{said} (last answer: HTTP {result['status'] or 'none'})", **result)

@@ -144,7 +144,9 @@ def test_release_leaves_another_runs_marker(tmp_path: Path) -> None:
 
 def test_which_runs_change_hosts() -> None:
     assert not changes_hosts(["preflight"])
-    assert not changes_hosts(["preflight", "verify"])
+    assert not changes_hosts(["preflight", "status"])
+    assert changes_hosts(["verify"])  # it records each node's revision once the gate passed
+    assert changes_hosts(["rollback"])
     assert changes_hosts(["preflight", "nodes"])
     assert changes_hosts(["teardown"])
     assert changes_hosts(["serve_pd"])  # a stage added later changes hosts unless listed as read-only

@@ -185,3 +185,24 @@ def test_nothing_running_is_refused_but_check_mode_on_a_fresh_node_passes(tmp_pa
     assert fresh.module(check=True, state="record")["changed"]
     refused = fresh.module(state="record")
     assert refused["failed"] and "is not there" in refused["msg"]
+
+
+def test_a_change_on_another_node_rotates_this_one_too(node: Node) -> None:
+    """One fleet revision for every node: a settings change on the head only (its vLLM files) must make the
+    workers' previous the same change, or a rollback would put nodes on different images."""
+    first = node.module(state="record", fleet="fleet-a")
+    unchanged = node.module(state="record", fleet="fleet-a")
+    rotated = node.module(state="record", fleet="fleet-b")  # another node changed; this one did not
+
+    assert first["changed"] and not unchanged["changed"] and rotated["changed"]
+    assert rotated["revisions"]["current"]["fleet"] == "fleet-b"
+    assert rotated["revisions"]["previous"]["fleet"] == "fleet-a"
+    assert rotated["revisions"]["previous"]["image_id"] == OLD == rotated["revisions"]["current"]["image_id"]
+    assert node.module(state="restore", slot="previous")["restored"] == []  # the same files: nothing to do
+
+
+def test_read_gives_the_fingerprint_of_what_runs(node: Node) -> None:
+    before = node.module(state="read")["fingerprint"]
+    node.files[1].write_text("max-model-len: 8192\n")
+
+    assert node.module(state="read")["fingerprint"] not in ("", before)

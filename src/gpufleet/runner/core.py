@@ -247,11 +247,8 @@ def _rollback(
         spec = _spec(
             "rollback",
             inventory=template.inventory,
-            extravars={
-                **template.extravars,
-                "gpufleet_revision_slot": slot,
-                "gpufleet_revision_required": required,
-            },
+            # Not the failed run's -e values: the restored revision brings its own settings.
+            extravars={"gpufleet_revision_slot": slot, "gpufleet_revision_required": required},
             project_dir=template.project,
             timeout=template.timeout,
             env_passthrough=template.env_passthrough,

@@ -97,7 +97,7 @@ class DowntimeMeter:
         try:
             with urllib.request.urlopen(request, timeout=self._timeout) as response:
                 return bool(response.status == 200)
-        except (OSError, urllib.error.URLError, ValueError):
+        except Exception:  # any failed probe is an outage; the thread must outlive it
             return False
 
     def _poll(self) -> None:

@@ -37,7 +37,8 @@ from typing import Any
 MARKER_PATH = PurePosixPath("/var/lib/gpufleet/run.json")
 STALE_HOURS = 12.0
 # Stages that only read the hosts; every other stage (and teardown) changes them and needs the marker.
-READ_ONLY_STAGES = frozenset({"preflight", "verify", "status"})
+# verify is not among them: it records each node's revision once the gate passed.
+READ_ONLY_STAGES = frozenset({"preflight", "status"})
 
 # Runs on the head: python3 - OP PATH ARG [TAKEOVER]. OP acquire: ARG is the new marker as JSON (base64);
 # it is written when there is none, or the one there is ours or TAKEOVER's (the run id judged stale).

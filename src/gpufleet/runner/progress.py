@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -227,9 +228,18 @@ def _rolled_back(back: RollbackReport) -> RenderableType:
     ]
     for host, restored in back.restored.items():
         lines.append(Text(f"  {host}: " + (", ".join(restored) if restored else "already in place")))
+    if not back.ok and back.stage is not None:
+        lines.extend(_failure_lines(back.stage.failures))
     if not back.restarted and back.ok:
         lines.append(Text("  nothing restarted: the revision was in place and answering"))
     return Group(*lines)
+
+
+def _failure_lines(failures: Sequence[Failure]) -> list[Text]:
+    return [
+        Text(f"  {failure.stage} · {failure.host} · {failure.task}: {failure.message}", style="red")
+        for failure in failures
+    ]
 
 
 def _downtime(downtime: Downtime) -> RenderableType:

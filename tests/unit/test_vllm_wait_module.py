@@ -1,0 +1,72 @@
+"""gpufleet_vllm_wait against a real HTTP server on loopback: ready when /v1/models lists the model; a key
+vLLM refuses ends the wait at once (waiting cannot fix it) instead of after vllm_service_start_timeout."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+MODULE = Path(__file__).resolve().parents[2] / "plugins/modules/gpufleet_vllm_wait.py"
+
+
+class _Vllm(http.server.BaseHTTPRequestHandler):
+    """/v1/models as vLLM answers it: 401 without the key, else the served model."""
+
+    key: ClassVar[str] = "sekrit"
+
+    def do_GET(self) -> None:
+        if self.headers.get("Authorization") != f"Bearer {self.key}":
+            self.send_response(401)
+            self.end_headers()
+            return
+        body = json.dumps({"data": [{"id": "tiny"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+@pytest.fixture
+def url() -> Iterator[str]:
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Vllm)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+
+
+def wait(tmp_path: Path, **args: Any) -> dict[str, Any]:
+    params = {"unit": "gpufleet-test-no-such.service", "timeout": 20, "interval": 1, **args}
+    arguments = tmp_path / "args.json"
+    arguments.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": params}))
+    done = subprocess.run(
+        [sys.executable, str(MODULE), str(arguments)], capture_output=True, text=True, check=False
+    )
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def test_the_listed_model_ends_the_wait(url: str, tmp_path: Path) -> None:
+    result = wait(tmp_path, url=url, api_key="sekrit", served_model="tiny")
+
+    assert not result.get("failed") and result["status"] == 200 and result["why"] == ""
+
+
+def test_a_refused_key_ends_the_wait_at_once_and_the_key_is_not_shown(url: str, tmp_path: Path) -> None:
+    result = wait(tmp_path, url=url, api_key="other-key", served_model="tiny")
+
+    assert result["failed"] and result["why"] == "key" and result["status"] == 401
+    assert "refuses the API key" in result["msg"] and result["seconds"] < 5
+    assert "other-key" not in json.dumps(result)
