@@ -17,7 +17,7 @@ from gpufleet.commands import teardown as teardown_command
 from gpufleet.commands.deploy import exit_code, planned
 from gpufleet.runner.events import StageRecorder
 from gpufleet.runner.progress import LiveProgress, print_deploy_report
-from gpufleet.runner.report import DeployReport, StageResult
+from gpufleet.runner.report import DeployReport, RollbackReport, StageResult
 from gpufleet.vllm_log import VllmFacts
 
 from .conftest import InventoryFactory
@@ -192,6 +192,23 @@ def test_the_report_names_the_failed_stage_host_task_and_message() -> None:
     text = output.getvalue()
     assert "cluster · node-a · Start Ray on node-a failed: non-zero return code (rc 3)" in text
     assert "failed in stage cluster" in text
+
+
+def test_a_failed_rollback_shows_what_failed_in_it() -> None:
+    """A deploy whose gate failed and whose rollback failed too: the rollback's own failures are printed,
+    not only that it failed."""
+    back = RollbackReport(slot="current", ok=False, stage=recorded("failed", "cluster"))
+    serve = recorded("failed", "serve")
+    report = DeployReport(ok=False, stages=(serve,), failed_stage="serve", rollback=back)
+    output = StringIO()
+
+    print_deploy_report(Console(file=output, width=200), report)
+
+    text = output.getvalue()
+    assert "rollback (current): the kept revision: did not pass the gate" in text
+    # serve's failure and the rollback's
+    assert text.count("Start Ray on node-a failed: non-zero return code (rc 3)") == 2
+    assert "failed in stage serve; the rollback failed too" in text
 
 
 def test_the_report_shows_the_endpoint_and_vllms_facts() -> None:

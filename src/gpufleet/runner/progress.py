@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -229,17 +228,21 @@ def _rolled_back(back: RollbackReport) -> RenderableType:
     for host, restored in back.restored.items():
         lines.append(Text(f"  {host}: " + (", ".join(restored) if restored else "already in place")))
     if not back.ok and back.stage is not None:
-        lines.extend(_failure_lines(back.stage.failures))
+        lines.extend(_failure_lines(back.stage))
     if not back.restarted and back.ok:
         lines.append(Text("  nothing restarted: the revision was in place and answering"))
     return Group(*lines)
 
 
-def _failure_lines(failures: Sequence[Failure]) -> list[Text]:
-    return [
-        Text(f"  {failure.stage} · {failure.host} · {failure.task}: {failure.message}", style="red")
-        for failure in failures
-    ]
+def _failure_lines(stage: StageResult) -> list[Text]:
+    """What went wrong in a stage: ansible-playbook's own error, then each failed task."""
+    lines = [Text(f"{stage.name}: {stage.error}", style="red")] if stage.error else []
+    for failure in stage.failures:
+        what = "unreachable" if failure.unreachable else "failed"
+        lines.append(
+            Text(f"{failure.stage} · {failure.host} · {failure.task} {what}: {failure.message}", style="red")
+        )
+    return lines
 
 
 def _downtime(downtime: Downtime) -> RenderableType:
@@ -323,16 +326,7 @@ def _details(
 ) -> RenderableType:
     lines: list[RenderableType] = []
     for stage in stages:
-        if stage.error:
-            lines.append(Text(f"{stage.name}: {stage.error}", style="red"))
-        for failure in stage.failures:
-            what = "unreachable" if failure.unreachable else "failed"
-            lines.append(
-                Text(
-                    f"{failure.stage} · {failure.host} · {failure.task} {what}: {failure.message}",
-                    style="red",
-                )
-            )
+        lines.extend(_failure_lines(stage))
     if endpoint:
         lines.append(Text(f"endpoint: {endpoint}" + (f" (model {model})" if model else ""), style="bold"))
     if vllm is not None:
