@@ -21,8 +21,8 @@ from gpufleet.runner.arguments import (
 )
 from gpufleet.runner.core import STAGES, DeployError, deploy_specs, select_stages
 
-# What every playbook run gets by default: Ansible's own strategy (mitogen's is opt-in).
-DEFAULT_STRATEGY = {"ANSIBLE_STRATEGY": "linear"}
+# Ansible's own strategy: GPUFLEET_ANSIBLE_STRATEGY=linear, and the fallback without mitogen.
+LINEAR = {"ANSIBLE_STRATEGY": "linear"}
 MITOGEN = {
     "ANSIBLE_STRATEGY": "mitogen_linear",
     "ANSIBLE_STRATEGY_PLUGINS": str(Path(ansible_mitogen.__file__).parent / "plugins" / "strategy"),
@@ -184,8 +184,7 @@ def test_runner_arguments_are_built_in_one_place(
             "ANSIBLE_NOCOLOR": "1",
             "ANSIBLE_CALLBACK_PLUGINS": "",
             "ANSIBLE_STDOUT_CALLBACK": "default",
-            **DEFAULT_STRATEGY,
-            **DEFAULT_STRATEGY,
+            **MITOGEN,
             "ANSIBLE_CONFIG": str(project.resolve() / "ansible.cfg"),
         },
         "json_mode": True,
@@ -219,7 +218,7 @@ def test_runner_env_passes_only_the_allow_list(project: Path, inventory: Path) -
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_CALLBACK_PLUGINS": "",
         "ANSIBLE_STDOUT_CALLBACK": "default",
-        **DEFAULT_STRATEGY,
+        **MITOGEN,
         "ANSIBLE_CONFIG": str(project.resolve() / "ansible.cfg"),
     }
 
@@ -238,7 +237,7 @@ def test_without_an_ansible_cfg_none_is_named_and_a_missing_path_falls_back_to_t
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_CALLBACK_PLUGINS": "",
         "ANSIBLE_STDOUT_CALLBACK": "default",
-        **DEFAULT_STRATEGY,
+        **MITOGEN,
     }
 
 
@@ -284,15 +283,17 @@ def test_mitogens_strategy_plugin_is_where_the_env_says() -> None:
     assert (Path(MITOGEN["ANSIBLE_STRATEGY_PLUGINS"]) / "mitogen_linear.py").is_file()
 
 
-def test_the_strategy_can_be_ansibles_own() -> None:
-    assert strategy_env({"GPUFLEET_ANSIBLE_STRATEGY": "linear"}) == DEFAULT_STRATEGY
-    assert strategy_env({"GPUFLEET_ANSIBLE_STRATEGY": ""}) == DEFAULT_STRATEGY
+def test_mitogens_strategy_is_the_default_and_ansibles_own_can_be_chosen() -> None:
+    assert strategy_env({}) == MITOGEN
+    assert strategy_env({"GPUFLEET_ANSIBLE_STRATEGY": ""}) == MITOGEN
     assert strategy_env({"GPUFLEET_ANSIBLE_STRATEGY": "mitogen_linear"}) == MITOGEN
+    assert strategy_env({"GPUFLEET_ANSIBLE_STRATEGY": "linear"}) == LINEAR
 
 
 def test_without_mitogen_installed_ansibles_own_strategy_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "ansible_mitogen", None)  # import raises ImportError
-    assert strategy_env({"GPUFLEET_ANSIBLE_STRATEGY": "mitogen_linear"}) == DEFAULT_STRATEGY
+    assert strategy_env({}) == LINEAR
+    assert strategy_env({"GPUFLEET_ANSIBLE_STRATEGY": "mitogen_linear"}) == LINEAR
 
 
 def test_an_unknown_strategy_is_refused_before_anything_runs(
