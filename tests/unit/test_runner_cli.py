@@ -243,6 +243,18 @@ def test_an_interrupted_run_exits_130() -> None:
     assert exit_code(DeployReport(ok=True)) == 0
 
 
+def test_a_run_interrupted_during_its_automatic_rollback_exits_130() -> None:
+    failed = StageResult(name="serve", status="failed", seconds=20.0)
+    interrupted = StageResult(name="rollback", status="canceled", seconds=3.0, error="interrupted")
+    back = RollbackReport(slot="current", ok=False, stage=interrupted)
+
+    assert exit_code(DeployReport(ok=False, stages=(failed,), failed_stage="serve", rollback=back)) == 130
+    rolled_back = back.model_copy(update={"stage": StageResult(name="rollback", status="ok", seconds=50.0)})
+    assert (
+        exit_code(DeployReport(ok=False, stages=(failed,), failed_stage="serve", rollback=rolled_back)) == 1
+    )
+
+
 def test_deploy_compares_vllms_facts_with_the_planners_prediction(make_inventory: InventoryFactory) -> None:
     plan = planned(make_inventory())
     assert plan is not None

@@ -158,6 +158,8 @@ def exit_code(report: DeployReport | StatusReport) -> int:
     if report.ok:
         return 0
     stages = report.stages if isinstance(report, DeployReport) else (report.stage,)
+    if isinstance(report, DeployReport) and report.rollback is not None and report.rollback.stage is not None:
+        stages = (*stages, report.rollback.stage)  # interrupted during the automatic rollback: canceled too
     return 130 if any(stage.status == "canceled" for stage in stages) else 1
 
 
