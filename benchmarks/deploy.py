@@ -1,11 +1,13 @@
 """Deploy timings on the lab: bundle build, cold deploy per stage from a built bundle, the no-op re-run, and
 where the time goes (CPU of Ansible on this machine, CPU inside the lab hosts, waiting).
 
-    sudo .venv/bin/python benchmarks/deploy.py [--name bench-deploy] [--json results.json] [--skip-bundle]
+    sudo .venv/bin/python benchmarks/deploy.py [--name bench-deploy] [--nodes 3 12] [--noop-runs 2]
+        [--json results.json] [--markdown results.md] [--skip-bundle]
 
-Runs on its own offline lab of three hosts (torn down at the end, even on failure), deploys every stage
-from ``dist/lab-bundle`` (built first by ``gpufleet.lab.demo.build_lab_bundle`` if needed), then deploys
-again.
+For each ``--nodes`` count in turn, on its own offline lab of that many hosts (torn down at the end, even on
+failure, before the next count starts): deploys every stage from ``dist/lab-bundle`` (built first by
+``gpufleet.lab.demo.build_lab_bundle`` if needed), then deploys again ``--noop-runs`` times (the no-op
+re-run: nothing to change).
 The bundle build is timed into a fresh directory (the serving image and the Debian downloads come from
 their caches, as on any machine that built them once) and again with nothing to do; that directory is
 removed afterwards. Every figure is printed with the load average, since this machine is shared.
@@ -29,6 +31,7 @@ from gpufleet.lab import Lab
 from gpufleet.lab.demo import DIST, build_lab_bundle, route_to_bridge
 from gpufleet.lab.net import outbound_drops
 from gpufleet.runner import deploy
+from gpufleet.runner.arguments import strategy_env
 from gpufleet.runner.report import Failure, StageResult
 
 
@@ -101,21 +104,50 @@ def time_bundle(console: Console) -> dict[str, float]:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def run_deploys(name: str, bundle: Path) -> dict[str, Any]:
-    lab = Lab(name, nodes=3, offline=True)
+def cold_in_batches(
+    inventory: Path, bundle: Path, clock: StageClock, hosts: list[str], batch: int
+) -> dict[str, Any]:
+    """The cold deploy with the artifacts stage run ``batch`` hosts at a time (``--limit``): on a lab whose
+    hosts share one disk, every host holding its image archive and the loaded layers at once can fill it."""
+    parts: list[tuple[tuple[str, ...], str | None]] = [(("preflight", "nodes"), None)]
+    parts += [
+        (("artifacts",), ",".join(hosts[index : index + batch])) for index in range(0, len(hosts), batch)
+    ]
+    parts.append((("cluster", "serve", "verify"), None))
+    ok, seconds, changed = True, 0.0, 0
+    for stages, limit in parts:
+        report = deploy(inventory, bundle=bundle, stages=stages, limit=limit, progress=clock)
+        if limit is not None:
+            clock.rows[-1]["stage"] = f"artifacts ({limit})"
+        ok, seconds, changed = report.ok, seconds + report.seconds, changed + report.changed
+        if not ok:
+            break
+    return {"ok": ok, "seconds": round(seconds, 3), "changed": changed, "artifacts_batch": batch}
+
+
+def run_deploys(name: str, bundle: Path, nodes: int, noop_runs: int, batch: int | None) -> dict[str, Any]:
+    """A cold deploy on ``nodes`` fresh offline hosts, then ``noop_runs`` re-runs; the lab goes down after."""
+    lab = Lab(name, nodes=nodes, offline=True)
     try:
         start = time.monotonic()
         inventory = lab.up()
         up = time.monotonic() - start
         route_to_bridge(lab, inventory)
         drops = outbound_drops(name)
-        results: dict[str, Any] = {"lab_up_s": round(up, 1)}
-        for run in ("cold", "noop"):
+        results: dict[str, Any] = {"nodes": nodes, "lab_up_s": round(up, 1)}
+        for run in ("cold", *(f"noop{index}" for index in range(1, noop_runs + 1))):
             clock = StageClock(lab)
-            report = deploy(inventory.inventory, bundle=bundle, progress=clock)
-            results[run] = {"ok": report.ok, "seconds": report.seconds, "changed": report.changed,
-                            "stages": clock.rows}  # fmt: skip
-            if not report.ok:
+            if run == "cold" and batch:
+                outcome = cold_in_batches(inventory.inventory, bundle, clock, list(inventory.ips), batch)
+            else:
+                report = deploy(inventory.inventory, bundle=bundle, progress=clock)
+                outcome = {"ok": report.ok, "seconds": report.seconds, "changed": report.changed}
+            results[run] = outcome | {"stages": clock.rows, "load_1min": round(os.getloadavg()[0], 1)}
+            print(
+                f"{nodes} hosts, {run}: {outcome['seconds']:.1f} s, changed={outcome['changed']}",
+                file=sys.stderr,
+            )
+            if not outcome["ok"]:
                 break
         results["outbound_packets"] = outbound_drops(name) - drops
         return results
@@ -128,9 +160,10 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [
         "# Deploy benchmarks",
         "",
-        f"Machine: {results['cpus']} CPUs; load average at start {results['load_at_start']}, at end "
-        f"{results['load_at_end']}. Three offline lab hosts (`gpufleet lab`, systemd-nspawn), every stage "
-        "from `dist/lab-bundle`. Script: "
+        f"{results['date']}. Machine: {results['cpus']} CPUs; load average at start "
+        f"{results['load_at_start']}, at end {results['load_at_end']}. Offline lab hosts (`gpufleet lab`, "
+        "systemd-nspawn) on this machine, "
+        f"every stage from `dist/lab-bundle`, Ansible strategy {results['strategy']}. Script: "
         "`benchmarks/deploy.py --markdown benchmarks/results/deploy.md` (root).",
         "",
         "| step | seconds |",
@@ -139,30 +172,40 @@ def markdown(results: dict[str, Any]) -> str:
     for key, label in (
         ("bundle_build_s", "bundle build into an empty directory (image and .debs from their caches)"),
         ("bundle_rebuild_noop_s", "bundle build again (nothing to do)"),
-        ("lab_up_s", "three offline lab hosts up"),
     ):
         if key in results:
             lines.append(f"| {label} | {results[key]} |")
-    for run, label in (("cold", "cold deploy (bare hosts)"), ("noop", "re-run on the deployed hosts")):
-        if run not in results:
-            continue
-        outcome = results[run]
-        lines += [
-            "",
-            f"## {label}: {outcome['seconds']:.0f} s, changed={outcome['changed']}, "
-            f"{'ok' if outcome['ok'] else 'FAILED'}",
-            "",
-            "| stage | status | wall s | control-node CPU s | hosts' CPU s | changed | tasks/host "
-            "| load (1 min) |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |",
-        ]
-        for row in outcome["stages"]:
-            lines.append(
-                f"| {row['stage']} | {row['status']} | {row['wall_s']} | {row['control_cpu_s']} | "
-                f"{row['hosts_cpu_s']} | {row['changed']} | {row['tasks_per_host']} | {row['load_1min']} |"
-            )
-    packets = results.get("outbound_packets", "n/a")
-    lines += ["", f"Packets the offline hosts sent beyond the lab: {packets}.", ""]
+    for lab in results["labs"]:
+        nodes = lab["nodes"]
+        lines.append(f"| {nodes} offline lab hosts up | {lab['lab_up_s']} |")
+    for lab in results["labs"]:
+        nodes = lab["nodes"]
+        runs = [run for run in lab if run == "cold" or run.startswith("noop")]
+        for run in runs:
+            outcome = lab[run]
+            label = "cold deploy (bare hosts)" if run == "cold" else f"no-op re-run {run[4:]}"
+            if outcome.get("artifacts_batch"):
+                label += (
+                    f", the artifacts stage {outcome['artifacts_batch']} hosts at a time (the lab's disk)"
+                )
+            lines += [
+                "",
+                f"## {nodes} hosts, {label}: {outcome['seconds']:.0f} s, changed={outcome['changed']}, "
+                f"{'ok' if outcome['ok'] else 'FAILED'}",
+                "",
+                "| stage | status | wall s | control-node CPU s | hosts' CPU s | changed | tasks/host "
+                "| load (1 min) |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- |",
+            ]
+            for row in outcome["stages"]:
+                lines.append(
+                    f"| {row['stage']} | {row['status']} | {row['wall_s']} | {row['control_cpu_s']} | "
+                    f"{row['hosts_cpu_s']} | {row['changed']} | {row['tasks_per_host']} | "
+                    f"{row['load_1min']} |"
+                )
+        packets = lab.get("outbound_packets", "n/a")
+        lines += ["", f"Packets the {nodes} offline hosts sent beyond the lab: {packets}."]
+    lines.append("")
     return "\n".join(lines)
 
 
@@ -172,16 +215,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--markdown", type=Path, help="also write the results as a Markdown report here")
     parser.add_argument("--skip-bundle", action="store_true", help="do not time the bundle build")
+    parser.add_argument(
+        "--nodes", type=int, nargs="+", default=[3], help="lab sizes, one lab each in turn (default: 3)"
+    )
+    parser.add_argument(
+        "--artifacts-batch",
+        type=int,
+        help="labs over this many hosts run the cold artifacts stage this many hosts at a time (one disk)",
+    )
+    parser.add_argument(
+        "--noop-runs", type=int, default=2, help="re-runs after each cold deploy (default: 2)"
+    )
     args = parser.parse_args(argv)
     console = Console(stderr=True)
     bundle = build_lab_bundle(DIST / "lab-bundle", DIST / "lab-demo", console)
     results: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "strategy": strategy_env(os.environ)["ANSIBLE_STRATEGY"],
         "cpus": os.cpu_count(),
         "load_at_start": [round(x, 1) for x in os.getloadavg()],
     }
     if not args.skip_bundle:
         results |= time_bundle(console)
-    results |= run_deploys(args.name, bundle)
+    results["labs"] = [
+        run_deploys(
+            args.name,
+            bundle,
+            nodes,
+            args.noop_runs,
+            args.artifacts_batch if args.artifacts_batch and nodes > args.artifacts_batch else None,
+        )
+        for nodes in args.nodes
+    ]
     results["load_at_end"] = [round(x, 1) for x in os.getloadavg()]
     text = json.dumps(results, indent=2)
     print(text)
@@ -189,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(text + "\n", encoding="utf-8")
     if args.markdown:
         args.markdown.write_text(markdown(results), encoding="utf-8")
-    return 0 if results.get("noop", {}).get("ok") else 1
+    return 0 if all(lab.get(f"noop{args.noop_runs}", {}).get("ok") for lab in results["labs"]) else 1
 
 
 if __name__ == "__main__":
