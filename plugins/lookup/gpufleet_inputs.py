@@ -1,0 +1,131 @@
+"""Lookup plugin ``gpufleet_inputs``: one digest of everything a role's converge depends on.
+
+The other half of ``gpufleet_converged``: the node's stamp holds this digest from the role's last converge,
+so a role is skipped only while its inputs are what they were. The digest is deliberately broad: the
+role's own files (tasks, templates, defaults, vars) and the collection's modules, every variable named with
+the given prefixes (the role's inputs and the fleet-wide ``gpufleet_*`` ones, from the inventory, extra
+vars and defaults alike), and whatever else the caller names (other hosts' addresses, group membership). A
+variable the role does not read only costs a converge when it changes; one it reads and the digest missed
+would leave a node unconverged, so prefixes, not lists, select them.
+"""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: gpufleet_inputs
+author: gpufleet maintainers (@gpufleet)
+short_description: Digest a role's inputs, for gpufleet_converged
+description:
+  - Returns the sha256 of the calling role's files, the collection's modules, the values of every variable
+    whose name starts with one of the given prefixes (names starting with C(__), which are registered
+    results and internals, and the run-time facts in I(exclude) left out) and I(extra).
+  - Must be called from inside a role (it reads C(role_path)).
+options:
+  _terms:
+    description: Variable name prefixes, for example C(docker_) and C(gpufleet_).
+    type: list
+    elements: str
+    required: true
+  extra:
+    description: Any further values the converge depends on (other hosts' variables, groups).
+    type: raw
+    default: null
+  exclude:
+    description: Further variable names left out (the facts the roles publish are always left out).
+    type: list
+    elements: str
+    default: []
+notes:
+  - Runs on the control node; values that cannot be templated count by their error, so they still matter.
+"""
+
+EXAMPLES = r"""
+- name: Digest the docker role's inputs
+  ansible.builtin.debug:
+    msg: "{{ lookup('gpufleet.gpufleet.gpufleet_inputs', 'docker_', 'gpufleet_', extra=groups) }}"
+"""
+
+RETURN = r"""
+_raw:
+  description: One sha256, 64 lowercase hex digits.
+  type: list
+  elements: str
+"""
+
+import hashlib
+import json
+import os
+from functools import cache
+from typing import Any
+
+from ansible.errors import AnsibleError
+from ansible.plugins.lookup import LookupBase
+
+# Facts the roles publish under input-like names: they differ from run to run (or exist only after the
+# role ran), so they are results, not inputs. tests/unit/test_converged_lookup.py keeps this list complete.
+RUN_TIME_FACTS = (
+    "cuda_toolkit_installed_version",
+    "gpufleet_endpoint",
+    "gpufleet_monitoring_endpoints",
+    "gpufleet_pd_status",
+    "gpufleet_revisions",
+    "gpufleet_rollback",
+    "gpufleet_verify",
+    "gpufleet_vllm_facts",
+    "nvidia_driver_cuda_version",
+    "nvidia_driver_cuda_version_source",
+    "nvidia_driver_installed_version",
+    "preflight_gpus",
+    "ray_cluster_alive_nodes",
+)
+_MODULES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "modules")
+
+
+@cache
+def tree_digest(root: str) -> str:
+    """sha256 over every file's relative path and bytes; once per process (a run reads a role once)."""
+    digest = hashlib.sha256()
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in {"__pycache__", "molecule"})
+        for name in sorted(files):
+            path = os.path.join(folder, name)
+            digest.update(os.path.relpath(path, root).encode() + b"\0")
+            with open(path, "rb") as src:
+                digest.update(hashlib.sha256(src.read()).digest())
+    return digest.hexdigest()
+
+
+class LookupModule(LookupBase):  # type: ignore[misc]  # ansible-core ships no type information
+    def run(self, terms: list[Any], variables: dict[str, Any] | None = None, **kwargs: Any) -> list[str]:
+        self.set_options(var_options=variables, direct=kwargs)
+        variables = variables or {}
+        role_path = variables.get("role_path")
+        if not role_path:
+            raise AnsibleError("gpufleet_inputs: call it from inside a role (role_path is not set)")
+        prefixes = tuple(str(term) for term in terms)
+        excluded = {*RUN_TIME_FACTS, *self.get_option("exclude")}
+        names = sorted(
+            name
+            for name in variables
+            if name.startswith(prefixes) and not name.startswith("__") and name not in excluded
+        )
+        values = {name: self._value(variables, name) for name in names}
+        inputs = {
+            "role": tree_digest(str(role_path)),
+            "modules": tree_digest(_MODULES) if os.path.isdir(_MODULES) else "",
+            "vars": values,
+            "extra": self._plain(self.get_option("extra")),
+        }
+        encoded = json.dumps(inputs, sort_keys=True, default=str).encode()
+        return [hashlib.sha256(encoded).hexdigest()]
+
+    def _value(self, variables: dict[str, Any], name: str) -> Any:
+        try:
+            return self._plain(self._templar.template(variables[name]))
+        except Exception as problem:  # noqa: BLE001  (an undefined or failing value is an input too)
+            return f"<{type(problem).__name__}>"
+
+    @staticmethod
+    def _plain(value: Any) -> Any:
+        """JSON-safe and order-independent, whatever Ansible's wrapper types."""
+        return json.loads(json.dumps(value, sort_keys=True, default=str))

@@ -1,0 +1,254 @@
+#!/usr/bin/python
+"""Ansible module: tell whether a role's last converge on this node still holds (the fast no-op re-run).
+
+A role that converged records a stamp: the digest of its inputs (computed on the control node by the
+``gpufleet_inputs`` lookup: the role's own files and every variable it reads) and a fingerprint of the node
+state it manages (each file's and tree's metadata, each unit's states, the output of read-only commands
+such as the image IDs docker holds). On the next run ``check`` compares both in one module call; when
+nothing differs the role skips its converge tasks, so a re-run that changes nothing costs one task per role
+instead of dozens. Anything that differs (an input, an edited or replaced file, a stopped unit, a removed
+image) makes the role converge in full, as on its first run. A stamp that no longer holds is removed at
+once, so a converge that then fails can never leave a stale stamp behind that a later run would trust.
+"""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: gpufleet_converged
+author: gpufleet maintainers (@gpufleet)
+short_description: Record, or check, that a role's last converge on this node still holds
+description:
+  - With I(state=check), compares the role's inputs digest and the node state it manages (files, trees,
+    systemd units, read-only commands) with the stamp its last successful converge recorded, and reports
+    I(in_sync). When in sync, returns the facts recorded with the stamp as ansible_facts.
+  - With I(state=record), writes the stamp (mode 0600) from the node state now.
+  - Files are compared by metadata (type, size, modification time, inode, mode, owner), which any edit,
+    replacement, chmod or chown changes; a tree is every entry below it, compared the same way.
+  - Used by every gpufleet.gpufleet role that converges a node.
+options:
+  name: {type: str, required: true, description: "The stamp's name, the role's (one stamp per role)."}
+  state:
+    {type: str, default: check, choices: [check, record], description: "check: compare, report, and remove
+    a stamp that no longer holds (not in check mode); record: write the stamp (not in check mode)."}
+  digest: {type: str, required: true, description: "The role's inputs digest (lookup gpufleet_inputs)."}
+  files: {type: list, elements: path, default: [], description: Files and directories (not their contents).}
+  trees: {type: list, elements: path, default: [], description: Directories compared with every entry below.}
+  units: {type: list, elements: str, default: [], description: "systemd units: load, active, file states."}
+  commands:
+    {type: list, elements: list, default: [], description: "Read-only commands (argv lists); their exit
+    status and output are part of the node state."}
+  facts:
+    {type: dict, default: {}, description: "With state=record: facts later tasks need, returned as
+    ansible_facts when a check finds the stamp in sync."}
+  root: {type: path, default: /var/lib/gpufleet/converged, description: Where the stamps are kept.}
+"""
+
+EXAMPLES = r"""
+- name: Ask the node whether the docker role's last converge still holds
+  gpufleet.gpufleet.gpufleet_converged:
+    name: docker
+    digest: "{{ lookup('gpufleet.gpufleet.gpufleet_inputs', 'docker_') }}"
+    files: [/etc/docker/daemon.json, /etc/systemd/system/docker.service]
+    units: [containerd.service, docker.service]
+  register: __docker_converged
+  check_mode: false
+"""
+
+RETURN = r"""
+in_sync:
+  description: The stamp exists, its digest is I(digest) and the node state is the one it recorded.
+  returned: always
+  type: bool
+why:
+  description: What differs (the first difference found), or that it is in sync.
+  returned: always
+  type: str
+  sample: /etc/docker/daemon.json changed since the last converge
+digest:
+  description: The digest checked, for the record that follows a converge (the inputs as the check saw them).
+  returned: when not in sync
+  type: str
+"""
+
+import hashlib
+import json
+import os
+import stat
+import subprocess
+from typing import TYPE_CHECKING, Any
+
+from ansible.module_utils.basic import AnsibleModule
+
+if TYPE_CHECKING:  # annotations only: never evaluated on the node, whatever its Python
+    from collections.abc import Iterable, Mapping
+
+SCHEMA = 1
+# A unit's invocation ID changes with every start: a service restarted since the converge (a crash, a restart
+# of what it depends on) makes its role converge again, and so wait until the service is ready again.
+UNIT_PROPERTIES = ("LoadState", "ActiveState", "UnitFileState", "InvocationID")
+
+
+def entry_state(path: str) -> list[Any] | None:
+    """One file system entry's metadata, None when it is absent (contents are not read: cheap on weights)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    state: list[Any] = [
+        stat.S_IFMT(st.st_mode),
+        stat.S_IMODE(st.st_mode),
+        st.st_uid,
+        st.st_gid,
+        st.st_ino,
+    ]
+    if stat.S_ISLNK(st.st_mode):
+        state.append(os.readlink(path))
+    elif not stat.S_ISDIR(st.st_mode):  # a directory's times change with the files in it: trees cover those
+        state += [st.st_size, st.st_mtime_ns]
+    return state
+
+
+def tree_state(root: str) -> dict[str, Any] | None:
+    if not os.path.isdir(root):
+        return None
+    entries: dict[str, Any] = {}
+    for folder, dirs, files in os.walk(root):
+        dirs.sort()
+        for name in [*dirs, *sorted(files)]:
+            path = os.path.join(folder, name)
+            entries[os.path.relpath(path, root)] = entry_state(path)
+    return entries
+
+
+def unit_states(units: Iterable[str]) -> dict[str, str]:
+    names = list(units)
+    if not names:
+        return {}
+    shown = subprocess.run(
+        ["systemctl", "show", f"--property={','.join(UNIT_PROPERTIES)}", "--", *names],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    blocks = [block for block in shown.stdout.strip().split("\n\n") if block]
+    if shown.returncode != 0 or len(blocks) != len(names):
+        return {name: f"systemctl show failed: {shown.stderr.strip()}" for name in names}
+    states = {}
+    for name, block in zip(names, blocks, strict=True):
+        props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+        states[name] = " ".join(props.get(key, "?") for key in UNIT_PROPERTIES)
+    return states
+
+
+def flat(argv: list[Any]) -> list[str]:
+    """An argv whose elements may be lists (a templated list of paths), one level flattened."""
+    return [str(part) for arg in argv for part in (arg if isinstance(arg, list) else [arg])]
+
+
+def command_state(argv: list[Any]) -> str:
+    try:
+        ran = subprocess.run(flat(argv), capture_output=True, check=False, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as problem:
+        return f"failed: {problem}"
+    return f"{ran.returncode} {hashlib.sha256(ran.stdout).hexdigest()}"
+
+
+def node_state(params: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "files": {path: entry_state(path) for path in params["files"]},
+        "trees": {path: tree_state(path) for path in params["trees"]},
+        "units": unit_states(params["units"]),
+        "commands": {" ".join(flat(argv)): command_state(argv) for argv in params["commands"]},
+    }
+
+
+def first_difference(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> str:
+    """A sentence naming what changed, for the task's output and the report."""
+    for kind in ("files", "trees", "units", "commands"):
+        before, after = recorded.get(kind, {}), now[kind]
+        for key in sorted(set(before) | set(after)):
+            if before.get(key) != after.get(key):
+                if kind == "units":
+                    return f"unit {key} is '{after.get(key)}', was '{before.get(key)}' after the last converge"
+                if kind == "commands":
+                    return f"`{key}` answers differently than after the last converge"
+                return f"{key} changed since the last converge"
+    return "in sync"
+
+
+def stamp_path(params: Mapping[str, Any]) -> str:
+    return os.path.join(params["root"], f"{params['name']}.json")
+
+
+def read_stamp(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path) as src:
+            stamp = json.load(src)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}  # unreadable: not in sync, and removed like any stale stamp
+    return stamp if isinstance(stamp, dict) else {}
+
+
+def check(module: AnsibleModule) -> dict[str, Any]:
+    params = module.params
+    path = stamp_path(params)
+    stamp = read_stamp(path)
+    if stamp is None:
+        return {"in_sync": False, "why": "no converge recorded on this node yet", "digest": params["digest"]}
+    now = node_state(params)
+    if stamp.get("schema") != SCHEMA or stamp.get("digest") != params["digest"]:
+        why = "the role's inputs or files changed since the last converge"
+    elif stamp.get("state") != now:
+        why = first_difference(stamp.get("state", {}), now)
+    else:
+        return {"in_sync": True, "why": "in sync", "ansible_facts": stamp.get("facts", {})}
+    if not module.check_mode:
+        os.unlink(path)
+    return {"in_sync": False, "why": why, "digest": params["digest"]}
+
+
+def record(module: AnsibleModule) -> dict[str, Any]:
+    params = module.params
+    if module.check_mode:
+        return {"in_sync": False, "why": "check mode records nothing"}
+    stamp = {"schema": SCHEMA, "digest": params["digest"], "state": node_state(params), "facts": params["facts"]}
+    os.makedirs(params["root"], mode=0o700, exist_ok=True)
+    path = stamp_path(params)
+    staging = f"{path}.tmp"
+    fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(stamp, out, sort_keys=True)
+    os.replace(staging, path)
+    # A cache of what the converge did, not a change of its own: a second run stays changed=0.
+    return {"in_sync": True, "why": "recorded"}
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "name": {"type": "str", "required": True},
+            "state": {"type": "str", "default": "check", "choices": ["check", "record"]},
+            "digest": {"type": "str", "required": True},
+            "files": {"type": "list", "elements": "path", "default": []},
+            "trees": {"type": "list", "elements": "path", "default": []},
+            "units": {"type": "list", "elements": "str", "default": []},
+            "commands": {"type": "list", "elements": "list", "default": []},
+            "facts": {"type": "dict", "default": {}},
+            "root": {"type": "path", "default": "/var/lib/gpufleet/converged"},
+        },
+        supports_check_mode=True,
+    )
+    try:
+        result = check(module) if module.params["state"] == "check" else record(module)
+    except OSError as problem:
+        module.fail_json(
+            msg=f"{os.uname().nodename}: {problem} (stamp {stamp_path(module.params)}). "
+            "Fix: check the node's disk, then run again."
+        )
+    module.exit_json(changed=False, **result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""gpufleet_converged (issue 15, the fast no-op re-run): a role skips its converge only while the node is what
+its last converge left. Run as Ansible runs it (a subprocess with its arguments file) on real files in a
+temporary directory; systemd units are checked in the lab (tests/integration/test_e2e.py), where systemd runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+MODULE = REPO / "plugins/modules/gpufleet_converged.py"
+DIGEST = "d" * 64
+
+
+class Node:
+    """A role's managed files, a tree (a model directory) and a read-only probe, under one tmp_path."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.config = root / "etc" / "daemon.json"
+        self.config.parent.mkdir()
+        self.config.write_text('{"storage-driver": "overlay2"}\n')
+        self.tree = root / "models" / "tiny"
+        self.tree.mkdir(parents=True)
+        (self.tree / "model.safetensors").write_bytes(b"weights")
+        self.probe = root / "image-id"
+        self.probe.write_text("sha256:aaaa\n")
+
+    def module(self, check: bool = False, **args: Any) -> dict[str, Any]:
+        params = {
+            "name": "docker",
+            "digest": DIGEST,
+            "root": str(self.root / "stamps"),
+            "files": [str(self.config), str(self.root / "absent.conf")],
+            "trees": [str(self.tree)],
+            "commands": [["cat", str(self.probe)]],
+            **args,
+        }
+        if check:
+            params["_ansible_check_mode"] = True
+        arguments = self.root / "args.json"
+        arguments.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": params}))
+        done = subprocess.run([sys.executable, str(MODULE), str(arguments)], capture_output=True, text=True)
+        result: dict[str, Any] = json.loads(done.stdout)
+        return result
+
+    @property
+    def stamp(self) -> Path:
+        return self.root / "stamps" / "docker.json"
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    node = Node(tmp_path)
+    recorded = node.module(state="record", facts={"gpufleet_docker_version": "20.10.24"})
+    assert recorded["changed"] is False
+    return node
+
+
+def test_a_node_without_a_stamp_converges(tmp_path: Path) -> None:
+    result = Node(tmp_path).module()
+    assert (result["in_sync"], result["why"]) == (False, "no converge recorded on this node yet")
+
+
+def test_an_unchanged_node_is_in_sync_and_gets_the_recorded_facts_back(node: Node) -> None:
+    result = node.module()
+    assert result["in_sync"] is True
+    assert result["changed"] is False
+    assert result["ansible_facts"] == {"gpufleet_docker_version": "20.10.24"}
+    assert oct(node.stamp.stat().st_mode & 0o777) == "0o600"
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (lambda n: n.config.write_text('{"storage-driver": "vfs"}\n'), "daemon.json changed"),
+        (lambda n: n.config.chmod(0o666), "daemon.json changed"),
+        (lambda n: (n.root / "absent.conf").write_text("x"), "absent.conf changed"),
+        (lambda n: (n.tree / "model.safetensors").write_bytes(b"WEIGHTS"), "tiny changed"),
+        (lambda n: (n.tree / "extra.safetensors").write_bytes(b"injected"), "tiny changed"),
+        (lambda n: n.probe.write_text("sha256:bbbb\n"), "answers differently"),
+    ],
+    ids=["edited", "chmod", "appeared", "weights edited", "file added to tree", "probe output"],
+)
+def test_any_drift_makes_the_role_converge_and_drops_the_stamp(node: Node, change: Any, named: str) -> None:
+    change(node)
+    result = node.module()
+    assert result["in_sync"] is False
+    assert named in result["why"]
+    assert "ansible_facts" not in result
+    assert not node.stamp.exists()  # a converge that now fails cannot leave a stamp a later run trusts
+
+
+def test_a_content_change_that_keeps_size_and_mtime_is_still_seen(node: Node) -> None:
+    """A file replaced by rename (as copy and template do) has another inode, whatever its times."""
+    stat = node.config.stat()
+    replacement = node.config.with_suffix(".new")
+    replacement.write_text('{"storage-driver": "zfs1"}\n'[: stat.st_size])
+    os.utime(replacement, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    os.replace(replacement, node.config)
+    assert node.module()["in_sync"] is False
+
+
+def test_other_inputs_make_the_role_converge(node: Node) -> None:
+    result = node.module(digest="e" * 64)
+    assert (result["in_sync"], result["why"]) == (False, "the role's inputs or files changed since the last converge")
+
+
+def test_check_mode_neither_drops_nor_writes_a_stamp(node: Node) -> None:
+    node.config.write_text("{}\n")
+    assert node.module(check=True)["in_sync"] is False
+    assert node.stamp.exists()
+    node.stamp.unlink()
+    node.module(check=True, state="record")
+    assert not node.stamp.exists()
+
+
+def test_an_unreadable_stamp_is_not_trusted(node: Node) -> None:
+    node.stamp.write_text("{not json")
+    result = node.module()
+    assert result["in_sync"] is False
+    assert not node.stamp.exists()
