@@ -384,3 +384,66 @@ def test_a_receiver_that_vanishes_mid_stream_fails_the_copy_within_seconds_namin
     waited = ended - float((tmp_path / "dropped").read_text())
     assert waited < 15, f"the sender took {waited:.1f} s after node2 vanished"
     assert not (tmp_path / "n1.bin").exists()  # node1 removed its partial copy too
+
+
+DOCKER_LOAD = Path(__file__).resolve().parents[2] / "tests/doubles/docker-load-double.sh"
+
+
+def docker_double(folder: Path) -> Path:
+    """tests/doubles/docker-load-double.sh in a folder of its own (its state lives beside it)."""
+    folder.mkdir()
+    cli = folder / "docker"
+    cli.write_bytes(DOCKER_LOAD.read_bytes())
+    cli.chmod(0o755)
+    return cli
+
+
+def test_a_chain_loads_the_stream_into_docker_on_every_node_without_writing_the_archive(
+    tmp_path: Path, payload: tuple[Path, str], token: Path
+) -> None:
+    """Issue 15: each node's docker load reads the stream as it arrives; no archive lands on the node's disk."""
+    src, digest = payload
+    ports = [free_port() for _ in range(2)]
+    clis = [docker_double(tmp_path / f"n{index}") for index in range(2)]
+    procs = []
+    for index in reversed(range(2)):
+        nxt = ["--next", f"127.0.0.1:{ports[1]}"] if index == 0 else []
+        listen = f"127.0.0.1:{ports[index]}"
+        procs.append(receiver(token, "--listen", listen, "--load", str(clis[index]), "--sha256", digest, *nxt))
+    time.sleep(0.3)
+    assert send(ports[0], token, "--file", str(src)).returncode == 0
+    for proc in procs:
+        code, result = finished(proc)
+        assert code == 0 and result["ok"] and result["sha256"] == digest, result
+    for cli in clis:
+        assert (cli.parent / "loaded.tar").read_bytes() == src.read_bytes()
+        assert sorted(p.name for p in cli.parent.iterdir()) == ["docker", "loaded.tar"]  # no archive, no .part
+
+
+def test_a_stream_with_another_sha256_is_refused_and_the_image_it_loaded_removed(
+    tmp_path: Path, payload: tuple[Path, str], token: Path
+) -> None:
+    src, _digest = payload
+    port, cli = free_port(), docker_double(tmp_path / "n0")
+    proc = receiver(token, "--listen", f"127.0.0.1:{port}", "--load", str(cli), "--sha256", "0" * 64)
+    time.sleep(0.3)
+    sent = send(port, token, "--file", str(src))
+    code, result = finished(proc)
+    assert code == 3 and "expected 0000" in str(result["error"]) and "lab/img:1" in str(result["error"])
+    assert said(sent.stdout)["cause"] == "checksum", sent.stdout
+    assert (cli.parent / "removed").read_text().split() == ["lab/img:1"]
+
+
+def test_a_docker_load_that_fails_mid_stream_is_named_up_the_chain(
+    tmp_path: Path, payload: tuple[Path, str], token: Path
+) -> None:
+    """dockerd's own words (a full disk) reach the sender, not a broken pipe."""
+    src, digest = payload
+    port, cli = free_port(), docker_double(tmp_path / "n0")
+    (cli.parent / "fail").touch()
+    proc = receiver(token, "--listen", f"127.0.0.1:{port}", "--load", str(cli), "--sha256", digest)
+    time.sleep(0.3)
+    sent = send(port, token, "--file", str(src))
+    code, result = finished(proc)
+    assert code == 6 and result["cause"] == "disk_full", result
+    assert sent.returncode != 0 and said(sent.stdout)["cause"] == "disk_full", sent.stdout

@@ -6,7 +6,11 @@ staging directory) while forwarding the same bytes to the next node, so N nodes 
 time of one transfer and every link carries it once. Receiving, writing and forwarding run in separate
 threads joined by bounded queues (IN_FLIGHT bytes at most), so a slow disk or a slow next hop does not stall
 the upstream link until that buffer is full. The file is hashed as it streams and only renamed into place
-when its sha256 matches. A receiver confirms with one byte (ACK) to its upstream only after its own copy is
+when its sha256 matches. With --load the stream goes into ``docker load`` instead of a file (no copy of the
+archive on the node's disk, no second read of it): dockerd keeps only layers that match the image's
+content-addressed config, the role then checks the loaded image's pinned ID, and a stream whose sha256
+differs is refused and the image it loaded removed.
+A receiver confirms with one byte (ACK) to its upstream only after its own copy is
 in place and its downstream has confirmed, so a sender that exits 0 knows that every node has the data.
 
 Trust: every connection starts with a mutual HMAC-SHA256 challenge over a per-run token that the control
@@ -17,12 +21,13 @@ Diagnoses: a receiver that fails answers its upstream with NAK and one JSON line
 (disk_full, permission, port_blocked, port_closed, host_down, auth, checksum, network) and the path or port;
 every node up the chain passes it on, so the sender reports the real cause, not "connection reset".
 
-  gpufleet_relay.py recv --listen IP:PORT --token-file F (--out FILE --sha256 HEX | --untar DIR) [--size N]
+  gpufleet_relay.py recv --listen IP:PORT --token-file F (--out FILE --sha256 HEX | --untar DIR
+                         | --load DOCKER --sha256 HEX [--zstd]) [--size N]
                          [--next IP:PORT] [--name HOST] [--next-name HOST]
   gpufleet_relay.py send --to IP:PORT --token-file F (--file FILE | --tar-dir DIR) [--to-name HOST]
   gpufleet_relay.py probe --listen IP:PORT    (accept one connection and close it: a reachability test)
 Exit codes: 0 done, 2 usage, 3 checksum mismatch, 4 network or timeout, 5 authentication,
-6 disk full, 7 permission denied.
+6 disk full, 7 permission denied, 8 docker load refused the stream.
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ NONCE = 16
 HANDSHAKE_TIMEOUT = 10.0
 BIND_WAIT = 5.0
 DEAD_AFTER = 20.0  # seconds without a TCP acknowledgement from a peer before it counts as gone
-EXIT = {"checksum": 3, "auth": 5, "disk_full": 6, "permission": 7}
+EXIT = {"checksum": 3, "auth": 5, "disk_full": 6, "permission": 7, "load": 8}
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 NO_WRITE = (errno.EACCES, errno.EPERM, errno.EROFS)
 
@@ -366,11 +371,13 @@ def read_chunk(conn: socket.socket) -> Chunk:
 
 
 def target_path(args: argparse.Namespace) -> str:
+    if args.load:
+        return f"docker load ({args.load})"
     return str(args.untar or args.out + ".part")
 
 
 def check_space(args: argparse.Namespace) -> None:
-    if not args.size:
+    if not args.size or args.load:  # dockerd's data root is dockerd's to know; the preflight sized it
         return
     folder = args.untar or os.path.dirname(args.out) or "."
     try:
@@ -381,8 +388,61 @@ def check_space(args: argparse.Namespace) -> None:
         raise disk_failure(args.name, args.untar or args.out, args.size, 0, None)
 
 
+def open_load(args: argparse.Namespace) -> tuple[IO[bytes], subprocess.Popen[bytes]]:
+    """docker load reading the stream (through zstd -dc for zstd: older dockerd cannot read it)."""
+    zstd = None
+    if args.zstd:
+        zstd = subprocess.Popen(["zstd", "-dc"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [args.load, "load"],
+        stdin=zstd.stdout if zstd else subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    if zstd:
+        assert zstd.stdin is not None and zstd.stdout is not None  # PIPE: Popen always opens them
+        zstd.stdout.close()  # docker load holds it now: zstd sees a broken pipe if docker load exits early
+        return zstd.stdin, proc
+    assert proc.stdin is not None  # stdin=PIPE: Popen always opens it
+    return proc.stdin, proc
+
+
+def load_verdict(args: argparse.Namespace, proc: subprocess.Popen[bytes]) -> tuple[int, str, list[str]]:
+    """docker load's exit status, its words and the images it says it loaded."""
+    said = (proc.stdout.read() if proc.stdout else b"").decode(errors="replace")
+    code = proc.wait()
+    loaded = [line.split(":", 1)[1].strip() for line in said.splitlines() if line.startswith("Loaded image")]
+    return code, said, loaded
+
+
+def load_failure(args: argparse.Namespace, code: int, said: str, total: int) -> RelayError:
+    if "no space left" in said.lower():
+        return disk_failure(args.name, target_path(args), args.size or total, total, None)
+    return RelayError(
+        "load", f"{args.name}: docker load refused the stream (exit {code}): {said.strip()[-300:]}"
+    )
+
+
+def finish_load(args: argparse.Namespace, proc: subprocess.Popen[bytes], digest: str, total: int) -> None:
+    """docker load's verdict; a stream with another sha256 is refused and what it loaded removed."""
+    code, said, loaded = load_verdict(args, proc)
+    if args.sha256 and digest != args.sha256:
+        for ref in loaded:
+            subprocess.run([args.load, "rmi", ref], capture_output=True, check=False)
+        raise RelayError(
+            "checksum",
+            f"{args.name}: the stream into docker load had sha256 {digest}, expected {args.sha256}; "
+            f"the image it loaded ({', '.join(loaded) or 'none'}) was removed",
+        )
+    if code != 0:
+        raise load_failure(args, code, said, total)
+    print(json.dumps({"loaded": loaded}))
+
+
 def open_sink(args: argparse.Namespace) -> tuple[IO[bytes], subprocess.Popen[bytes] | None]:
     try:
+        if args.load:
+            return open_load(args)
         if args.untar:
             os.makedirs(args.untar, exist_ok=True)
             probe = os.path.join(args.untar, ".gpufleet-write-test")
@@ -403,7 +463,12 @@ def open_sink(args: argparse.Namespace) -> tuple[IO[bytes], subprocess.Popen[byt
 def close_sink(
     args: argparse.Namespace, sink: IO[bytes], proc: subprocess.Popen[bytes] | None, digest: str, total: int
 ) -> None:
-    """Finish the local copy: tar's exit status, or fsync + sha256 check + rename into place."""
+    """Finish the local copy: docker load's or tar's exit status, or fsync, sha256 check and rename."""
+    if proc and args.load:
+        with contextlib.suppress(OSError):  # docker load stopped reading: its exit status and words say why
+            sink.close()
+        finish_load(args, proc, digest, total)
+        return
     if proc:
         try:
             sink.close()
@@ -437,7 +502,10 @@ def close_sink(
     os.replace(args.out + ".part", args.out)
 
 
-def remove_partial(args: argparse.Namespace) -> None:
+def remove_partial(args: argparse.Namespace, proc: subprocess.Popen[bytes] | None) -> None:
+    if proc and args.load:
+        proc.kill()  # a broken stream: docker load must not take what came so far
+        return
     if not args.untar:
         with contextlib.suppress(OSError):
             os.unlink(args.out + ".part")
@@ -462,12 +530,21 @@ def start(
 
 
 def broken_stream(
-    args: argparse.Namespace, workers: list[Worker], reply: Reply | None, broken: str | None, total: int
+    args: argparse.Namespace,
+    workers: list[Worker],
+    reply: Reply | None,
+    broken: str | None,
+    total: int,
+    *,
+    proc: subprocess.Popen[bytes] | None,
 ) -> RelayError:
-    """The cause of a failed stream: the disk, the next node (its own NAK), or the upstream link."""
+    """The cause of a failed stream: the disk or docker load, the next node (its own NAK), or the upstream."""
     failure = RelayError("network", broken or "")
     for worker in workers:
-        if worker.error and worker.name == "write":
+        if worker.error and worker.name == "write" and proc and args.load:
+            code, words, _loaded = load_verdict(args, proc)  # docker load stopped reading: its words say why
+            failure = load_failure(args, code, words, total)
+        elif worker.error and worker.name == "write":
             failure = io_failure(args.name, target_path(args), args.size or total, total, worker.error)
         elif worker.error and reply:
             _acked, said = reply.verdict(5)
@@ -505,8 +582,8 @@ def receive(args: argparse.Namespace) -> None:
         broken = f"{args.name}: stream from upstream broken after {total} bytes: {exc}{gone}"
     errors = [worker.finish() for worker in workers]
     if broken or any(errors):
-        remove_partial(args)
-        cause = broken_stream(args, workers, reply, broken, total)
+        cause = broken_stream(args, workers, reply, broken, total, proc=proc)
+        remove_partial(args, proc)
         if not broken:
             nak(conn, cause)
         report(cause.cause, cause.message, abort=downstream)
@@ -599,6 +676,8 @@ def main() -> None:
     recv.add_argument("--out")
     recv.add_argument("--sha256")
     recv.add_argument("--untar")
+    recv.add_argument("--load", help="a docker CLI: load the stream into dockerd instead of writing a file")
+    recv.add_argument("--zstd", action="store_true", help="with --load: the stream is zstd-compressed")
     recv.add_argument("--size", type=int, default=0, help="bytes expected (free space is checked first)")
     recv.add_argument("--next")
     recv.add_argument("--name", default=socket.gethostname(), help="this host's name in messages")
@@ -623,8 +702,8 @@ def main() -> None:
     prb.add_argument("--name", default=socket.gethostname())
     prb.add_argument("--accept-timeout", type=float, default=10)
     args = parser.parse_args()
-    if args.mode == "recv" and bool(args.out) == bool(args.untar):
-        parser.error("recv needs exactly one of --out and --untar")
+    if args.mode == "recv" and [bool(args.out), bool(args.untar), bool(args.load)].count(True) != 1:
+        parser.error("recv needs exactly one of --out, --untar and --load")
     if args.mode == "send" and bool(args.file) == bool(args.tar_dir):
         parser.error("send needs exactly one of --file and --tar-dir")
     {"recv": receive, "send": send, "probe": probe}[args.mode](args)
