@@ -42,6 +42,9 @@ FLEET_VARIABLE_DOCS: dict[str, str] = {
     "gpufleet_cuda_forward_compat": "true when every node has NVIDIA's CUDA forward-compatibility package: "
     "validation then accepts an image whose CUDA is newer than the driver's, on datacenter GPUs only. "
     "Default false.",
+    "gpufleet_fast_rerun": "true (the default) lets each role skip its work on a node still as its last run "
+    "left it (a recorded digest of the role's inputs and the node state it manages: files, units, image IDs); "
+    "false makes every role run every task, and so does GPUFLEET_FAST_RERUN=false in the environment.",
 }
 
 
@@ -62,7 +65,7 @@ def variables_section(root: Path) -> str:
         lines.append(f"| `{name}` | {doc} |")
     lines += [
         f"| `{name}` | {FLEET_VARIABLE_DOCS[name]} |"
-        for name in ("gpufleet_api_key_file", "gpufleet_cuda_forward_compat")
+        for name in ("gpufleet_api_key_file", "gpufleet_cuda_forward_compat", "gpufleet_fast_rerun")
     ]
     for spec_file in sorted(root.glob("roles/*/meta/argument_specs.yml")):
         role = spec_file.parent.parent.name

@@ -211,6 +211,7 @@ FLEET_ONLY_VARIABLES = frozenset(
         "gpufleet_lab",
         "gpufleet_cuda_forward_compat",  # datacenter GPUs run a newer CUDA than the driver's (cuda-compat)
         "gpufleet_monitoring",  # the monitoring stage runs the monitoring role (off unless true)
+        "gpufleet_fast_rerun",  # each role may skip its converge on a node still as it left it (default true)
         "gpufleet_grafana_password_file",
     }
 )
