@@ -129,7 +129,7 @@ class LookupModule(LookupBase):  # type: ignore[misc]  # ansible-core ships no t
     def _value(self, variables: dict[str, Any], name: str) -> Any:
         try:
             return self._plain(self._templar.template(variables[name]))
-        except Exception as problem:  # noqa: BLE001  (an undefined or failing value is an input too)
+        except Exception as problem:
             return f"<{type(problem).__name__}>"
 
     @staticmethod

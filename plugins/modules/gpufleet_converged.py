@@ -169,7 +169,9 @@ def first_difference(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> str
         for key in sorted(set(before) | set(after)):
             if before.get(key) != after.get(key):
                 if kind == "units":
-                    return f"unit {key} is '{after.get(key)}', was '{before.get(key)}' after the last converge"
+                    return (
+                        f"unit {key} is '{after.get(key)}', was '{before.get(key)}' after the last converge"
+                    )
                 if kind == "commands":
                     return f"`{key}` answers differently than after the last converge"
                 return f"{key} changed since the last converge"
@@ -213,7 +215,12 @@ def record(module: AnsibleModule) -> dict[str, Any]:
     params = module.params
     if module.check_mode:
         return {"in_sync": False, "why": "check mode records nothing"}
-    stamp = {"schema": SCHEMA, "digest": params["digest"], "state": node_state(params), "facts": params["facts"]}
+    stamp = {
+        "schema": SCHEMA,
+        "digest": params["digest"],
+        "state": node_state(params),
+        "facts": params["facts"],
+    }
     os.makedirs(params["root"], mode=0o700, exist_ok=True)
     path = stamp_path(params)
     staging = f"{path}.tmp"

@@ -42,9 +42,9 @@ FLEET_VARIABLE_DOCS: dict[str, str] = {
     "gpufleet_cuda_forward_compat": "true when every node has NVIDIA's CUDA forward-compatibility package: "
     "validation then accepts an image whose CUDA is newer than the driver's, on datacenter GPUs only. "
     "Default false.",
-    "gpufleet_fast_rerun": "true (the default) lets each role skip its work on a node still as its last run "
-    "left it (a recorded digest of the role's inputs and the node state it manages: files, units, image IDs); "
-    "false makes every role run every task, and so does GPUFLEET_FAST_RERUN=false in the environment.",
+    "gpufleet_fast_rerun": "true (the default) lets each role skip its work on a node still as its last "
+    "run left it (a recorded digest of the role's inputs and the node state it manages: files, units, image "
+    "IDs); false makes every role run every task, and so does GPUFLEET_FAST_RERUN=false in the environment.",
 }
 
 

@@ -136,9 +136,11 @@ def tasks_run(report: DeployReport) -> dict[str, int]:
     return {f"{s.name}/{h.host}": h.ok + h.failed + h.skipped for s in report.stages for h in s.hosts}
 
 
-def test_the_second_deploy_skips_each_roles_work_on_nodes_still_as_it_left_them(deployment: Deployment) -> None:
-    """Issue 15: every role checks its node once (gpufleet_converged) and skips its converge tasks when nothing
-    drifted; changed=0 alone would also hold for a slow re-run that ran them all."""
+def test_the_second_deploy_skips_each_roles_work_on_nodes_still_as_it_left_them(
+    deployment: Deployment,
+) -> None:
+    """Issue 15: every role checks its node once (gpufleet_converged) and skips its converge tasks when
+    nothing drifted; changed=0 alone would also hold for a slow re-run that ran them all."""
     first, second = tasks_run(deployment.first), tasks_run(deployment.second)
     converging = [key for key in first if key.split("/")[0] in ("nodes", "artifacts", "cluster", "serve")]
     assert len(converging) == 12
@@ -146,13 +148,19 @@ def test_the_second_deploy_skips_each_roles_work_on_nodes_still_as_it_left_them(
     assert slow == {}, f"tasks (second deploy, first deploy) where a role did not skip its converge: {slow}"
 
 
-def test_a_drifted_node_is_put_back_and_only_its_role_converges(lab: RunningLab, deployment: Deployment) -> None:
-    """A file the docker role manages, removed on one node: the next run converges that role on that node only."""
+def test_a_drifted_node_is_put_back_and_only_its_role_converges(
+    lab: RunningLab, deployment: Deployment
+) -> None:
+    """A file the docker role manages, removed on one node: the next run converges that role there only."""
     node = lab.hosts[1]
     lab.ssh(node, ["rm", "/etc/sysctl.d/90-docker.conf"])
     report = deploy(deployment.inventory, stages=["nodes"])
     assert report.ok, failures(report)
-    assert {host.host: host.changed for host in report.stages[0].hosts} == {"node1": 0, "node2": 1, "node3": 0}
+    assert {host.host: host.changed for host in report.stages[0].hosts} == {
+        "node1": 0,
+        "node2": 1,
+        "node3": 0,
+    }
     assert lab.ssh(node, ["test", "-s", "/etc/sysctl.d/90-docker.conf"]).returncode == 0
     again = deploy(deployment.inventory, stages=["nodes"])
     assert again.ok and again.changed == 0, failures(again)

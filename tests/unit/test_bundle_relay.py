@@ -401,7 +401,7 @@ def docker_double(folder: Path) -> Path:
 def test_a_chain_loads_the_stream_into_docker_on_every_node_without_writing_the_archive(
     tmp_path: Path, payload: tuple[Path, str], token: Path
 ) -> None:
-    """Issue 15: each node's docker load reads the stream as it arrives; no archive lands on the node's disk."""
+    """Issue 15: each node's docker load reads the stream as it arrives; no archive lands on its disk."""
     src, digest = payload
     ports = [free_port() for _ in range(2)]
     clis = [docker_double(tmp_path / f"n{index}") for index in range(2)]
@@ -409,7 +409,9 @@ def test_a_chain_loads_the_stream_into_docker_on_every_node_without_writing_the_
     for index in reversed(range(2)):
         nxt = ["--next", f"127.0.0.1:{ports[1]}"] if index == 0 else []
         listen = f"127.0.0.1:{ports[index]}"
-        procs.append(receiver(token, "--listen", listen, "--load", str(clis[index]), "--sha256", digest, *nxt))
+        procs.append(
+            receiver(token, "--listen", listen, "--load", str(clis[index]), "--sha256", digest, *nxt)
+        )
     time.sleep(0.3)
     assert send(ports[0], token, "--file", str(src)).returncode == 0
     for proc in procs:
@@ -417,7 +419,10 @@ def test_a_chain_loads_the_stream_into_docker_on_every_node_without_writing_the_
         assert code == 0 and result["ok"] and result["sha256"] == digest, result
     for cli in clis:
         assert (cli.parent / "loaded.tar").read_bytes() == src.read_bytes()
-        assert sorted(p.name for p in cli.parent.iterdir()) == ["docker", "loaded.tar"]  # no archive, no .part
+        assert sorted(p.name for p in cli.parent.iterdir()) == [
+            "docker",
+            "loaded.tar",
+        ]  # no archive, no .part
 
 
 def test_a_stream_with_another_sha256_is_refused_and_the_image_it_loaded_removed(

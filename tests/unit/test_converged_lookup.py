@@ -1,5 +1,5 @@
-"""The lookup gpufleet_inputs (issue 15, the fast no-op re-run): a role skips its converge only while this digest
-is the one its last converge recorded, so it must change with every input and stay put without one."""
+"""The lookup gpufleet_inputs (issue 15, the fast no-op re-run): a role skips its converge only while this
+digest is the one its last converge recorded, so it must change with every input and stay put without one."""
 
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ SET_FACT = ("ansible.builtin.set_fact", "set_fact")
 
 
 def run_time_facts() -> tuple[str, ...]:
-    spec = importlib.util.spec_from_file_location("gpufleet_inputs", REPO / "plugins/lookup/gpufleet_inputs.py")
+    spec = importlib.util.spec_from_file_location(
+        "gpufleet_inputs", REPO / "plugins/lookup/gpufleet_inputs.py"
+    )
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -1,6 +1,7 @@
 """gpufleet_converged (issue 15, the fast no-op re-run): a role skips its converge only while the node is what
 its last converge left. Run as Ansible runs it (a subprocess with its arguments file) on real files in a
-temporary directory; systemd units are checked in the lab (tests/integration/test_e2e.py), where systemd runs."""
+temporary directory; systemd units are checked in the lab (tests/integration/test_e2e.py), where systemd
+runs."""
 
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ class Node:
             params["_ansible_check_mode"] = True
         arguments = self.root / "args.json"
         arguments.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": params}))
-        done = subprocess.run([sys.executable, str(MODULE), str(arguments)], capture_output=True, text=True)
+        argv = [sys.executable, str(MODULE), str(arguments)]
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
         result: dict[str, Any] = json.loads(done.stdout)
         return result
 
@@ -109,7 +111,10 @@ def test_a_content_change_that_keeps_size_and_mtime_is_still_seen(node: Node) ->
 
 def test_other_inputs_make_the_role_converge(node: Node) -> None:
     result = node.module(digest="e" * 64)
-    assert (result["in_sync"], result["why"]) == (False, "the role's inputs or files changed since the last converge")
+    assert (result["in_sync"], result["why"]) == (
+        False,
+        "the role's inputs or files changed since the last converge",
+    )
 
 
 def test_check_mode_neither_drops_nor_writes_a_stamp(node: Node) -> None:
