@@ -2,7 +2,8 @@
 # A stand-in for the docker CLI, named as one: tests/unit/test_bundle_relay.py runs the relay's --load sink on
 # this machine, where no dockerd runs. Copied into a folder of its own per receiver, it keeps its state there:
 # `load` stores stdin in loaded.tar and says what a real docker load says; `rmi REF` appends REF to removed.
-# With a file `fail` in that folder, `load` reads 64 KiB, then fails as dockerd does on a full disk. The real
+# With a file `fail` in that folder, `load` reads 64 KiB, then fails as dockerd does on a full disk; with a file
+# `slow`, it takes that many seconds after the last byte (as dockerd unpacking); with `broken` it then fails. The real
 # docker load is exercised on the lab hosts (tests/integration/test_e2e.py, test_image_distribution.py).
 state=$(dirname "$0")
 case "$1" in
@@ -13,6 +14,8 @@ case "$1" in
       exit 1
     fi
     cat > "$state/loaded.tar"
+    [ -f "$state/slow" ] && sleep "$(cat "$state/slow")"
+    if [ -f "$state/broken" ]; then echo "Error processing tar file(exit status 1): unexpected EOF"; exit 1; fi
     echo "Loaded image: lab/img:1" ;;
   rmi)
     echo "$2" >> "$state/removed" ;;

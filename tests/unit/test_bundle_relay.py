@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -398,31 +399,34 @@ def docker_double(folder: Path) -> Path:
     return cli
 
 
+def load_chain(tmp_path: Path, token: Path, digest: str, nodes: int) -> tuple[int, list[Path], list[Any]]:
+    """Receivers with --load into docker doubles, chained; the first one's port, the doubles, the receivers
+    (first node first)."""
+    ports = [free_port() for _ in range(nodes)]
+    clis = [docker_double(tmp_path / f"n{index}") for index in range(nodes)]
+    procs = []
+    for index in reversed(range(nodes)):
+        nxt = ["--next", f"127.0.0.1:{ports[index + 1]}"] if index < nodes - 1 else []
+        load = ["--load", str(clis[index]), "--sha256", digest]
+        procs.append(receiver(token, "--listen", f"127.0.0.1:{ports[index]}", *load, *nxt))
+    time.sleep(0.3)
+    return ports[0], clis, procs[::-1]
+
+
 def test_a_chain_loads_the_stream_into_docker_on_every_node_without_writing_the_archive(
     tmp_path: Path, payload: tuple[Path, str], token: Path
 ) -> None:
     """Issue 15: each node's docker load reads the stream as it arrives; no archive lands on its disk."""
     src, digest = payload
-    ports = [free_port() for _ in range(2)]
-    clis = [docker_double(tmp_path / f"n{index}") for index in range(2)]
-    procs = []
-    for index in reversed(range(2)):
-        nxt = ["--next", f"127.0.0.1:{ports[1]}"] if index == 0 else []
-        listen = f"127.0.0.1:{ports[index]}"
-        procs.append(
-            receiver(token, "--listen", listen, "--load", str(clis[index]), "--sha256", digest, *nxt)
-        )
-    time.sleep(0.3)
-    assert send(ports[0], token, "--file", str(src)).returncode == 0
+    port, clis, procs = load_chain(tmp_path, token, digest, 2)
+    assert send(port, token, "--file", str(src)).returncode == 0
     for proc in procs:
         code, result = finished(proc)
         assert code == 0 and result["ok"] and result["sha256"] == digest, result
     for cli in clis:
         assert (cli.parent / "loaded.tar").read_bytes() == src.read_bytes()
-        assert sorted(p.name for p in cli.parent.iterdir()) == [
-            "docker",
-            "loaded.tar",
-        ]  # no archive, no .part
+        # no archive, no .part
+        assert sorted(p.name for p in cli.parent.iterdir()) == ["docker", "loaded.tar"]
 
 
 def test_a_stream_with_another_sha256_is_refused_and_the_image_it_loaded_removed(
@@ -452,3 +456,23 @@ def test_a_docker_load_that_fails_mid_stream_is_named_up_the_chain(
     code, result = finished(proc)
     assert code == 6 and result["cause"] == "disk_full", result
     assert sent.returncode != 0 and said(sent.stdout)["cause"] == "disk_full", sent.stdout
+
+
+def test_the_chain_confirms_at_the_last_byte_and_each_node_reports_its_own_load(
+    tmp_path: Path, payload: tuple[Path, str], token: Path
+) -> None:
+    """dockerd takes a while after the last byte (12 loaded lab hosts: minutes, past a hop's wait for its
+    confirmation): the chain confirms once every node has every byte, sha256-checked, and each node's own
+    job ends with its load's verdict."""
+    src, digest = payload
+    port, clis, (first, broken) = load_chain(tmp_path, token, digest, 2)
+    for cli in clis:
+        (cli.parent / "slow").write_text("4")
+    (clis[1].parent / "broken").touch()
+    began = time.monotonic()
+    sent = send(port, token, "--file", str(src))
+    assert sent.returncode == 0 and time.monotonic() - began < 3.5, sent.stdout  # not after the loads
+    code, result = finished(first)
+    assert code == 0 and result["ok"], result
+    code, result = finished(broken)
+    assert code == 8 and result["cause"] == "load" and "unexpected EOF" in str(result["error"]), result

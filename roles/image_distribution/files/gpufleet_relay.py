@@ -407,6 +407,20 @@ def open_load(args: argparse.Namespace) -> tuple[IO[bytes], subprocess.Popen[byt
     return proc.stdin, proc
 
 
+def end_load_stream(
+    args: argparse.Namespace, sink: IO[bytes], proc: subprocess.Popen[bytes], digest: str, total: int
+) -> None:
+    """The stream has ended: docker load reads its last bytes; a stream with another sha256 is refused now.
+
+    Its verdict on a good stream is awaited only after this node confirmed to its upstream: loading takes
+    dockerd a while after the last byte (it unpacks the archive, then each layer), and on a loaded machine
+    longer than a hop waits for a confirmation."""
+    with contextlib.suppress(OSError):  # docker load stopped reading: its exit status and words say why
+        sink.close()
+    if args.sha256 and digest != args.sha256:
+        finish_load(args, proc, digest, total)  # waits for it, removes what it loaded, raises
+
+
 def load_verdict(args: argparse.Namespace, proc: subprocess.Popen[bytes]) -> tuple[int, str, list[str]]:
     """docker load's exit status, its words and the images it says it loaded."""
     said = (proc.stdout.read() if proc.stdout else b"").decode(errors="replace")
@@ -558,6 +572,44 @@ def broken_stream(
     return failure
 
 
+def settle(
+    args: argparse.Namespace,
+    conn: socket.socket,
+    sink: IO[bytes],
+    proc: subprocess.Popen[bytes] | None,
+    *,
+    digest: str,
+    total: int,
+    downstream: socket.socket | None,
+    reply: Reply | None,
+) -> None:
+    """After the last byte: this node's copy, its downstream's confirmation, then ACK (or NAK) upstream."""
+    problem: RelayError | None = None
+    try:
+        if proc and args.load:
+            end_load_stream(args, sink, proc, digest, total)
+        else:
+            close_sink(args, sink, proc, digest, total)
+    except RelayError as failed:
+        problem = failed
+    if downstream and reply:
+        downstream.shutdown(socket.SHUT_WR)
+        confirmed, said = reply.verdict(args.timeout)
+        downstream.close()
+        if not confirmed and not problem and reply.silent:
+            problem = vanished(args.name, args.next_name or args.next, total, args.dead_after)
+        if not confirmed and not problem:
+            problem = said or RelayError(
+                "network",
+                f"{args.name}: the next node {args.next_name or args.next} did not confirm the copy",
+            )
+    if problem:
+        nak(conn, problem)
+        report(problem.cause, problem.message)
+    conn.sendall(ACK)
+    conn.close()
+
+
 def receive(args: argparse.Namespace) -> None:
     try:
         token = read_token(args.token_file)
@@ -587,27 +639,12 @@ def receive(args: argparse.Namespace) -> None:
         if not broken:
             nak(conn, cause)
         report(cause.cause, cause.message, abort=downstream)
-    problem: RelayError | None = None
-    try:
-        close_sink(args, sink, proc, digest.hexdigest(), total)
-    except RelayError as failed:
-        problem = failed
-    if downstream and reply:
-        downstream.shutdown(socket.SHUT_WR)
-        confirmed, said = reply.verdict(args.timeout)
-        downstream.close()
-        if not confirmed and not problem and reply.silent:
-            problem = vanished(args.name, args.next_name or args.next, total, args.dead_after)
-        if not confirmed and not problem:
-            problem = said or RelayError(
-                "network",
-                f"{args.name}: the next node {args.next_name or args.next} did not confirm the copy",
-            )
-    if problem:
-        nak(conn, problem)
-        report(problem.cause, problem.message)
-    conn.sendall(ACK)
-    conn.close()
+    settle(args, conn, sink, proc, digest=digest.hexdigest(), total=total, downstream=downstream, reply=reply)
+    if proc and args.load:
+        try:  # every byte is here and matched: the chain is confirmed; what docker makes of it is this node's
+            finish_load(args, proc, digest.hexdigest(), total)
+        except RelayError as failed:
+            report(failed.cause, failed.message)
     seconds = time.monotonic() - began
     print(
         json.dumps({"ok": True, "bytes": total, "seconds": round(seconds, 3), "sha256": digest.hexdigest()})
