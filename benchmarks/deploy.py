@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import sys
 import time
@@ -35,10 +34,14 @@ from gpufleet.runner.arguments import strategy_env
 from gpufleet.runner.report import Failure, StageResult
 
 
-def children_cpu() -> float:
-    """CPU seconds of finished child processes (ansible-playbook and its workers, ssh)."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+def machine_cpu() -> float:
+    """CPU seconds this machine has been busy so far, every process (user, nice, system, irq, softirq).
+
+    The control node's share of a stage is this less the lab hosts' (hosts_cpu): the stages of a deploy run
+    in one ansible-playbook process, so its own usage (RUSAGE_CHILDREN) is known only after the last one."""
+    busy = Path("/proc/stat").read_text().splitlines()[0].split()[1:8]
+    user, nice, system, _idle, _iowait, irq, softirq = (int(value) for value in busy)
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 def hosts_cpu(lab: Lab) -> float:
@@ -65,17 +68,18 @@ class StageClock:
         self._start: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     def stage_started(self, stage: str) -> None:
-        self._start = (time.monotonic(), children_cpu(), hosts_cpu(self.lab))
+        self._start = (time.monotonic(), machine_cpu(), hosts_cpu(self.lab))
 
     def stage_finished(self, result: StageResult) -> None:
-        wall, control, hosts = self._start
+        wall, machine, hosts = self._start
+        spent_hosts = hosts_cpu(self.lab) - hosts
         self.rows.append(
             {
                 "stage": result.name,
                 "status": result.status,
                 "wall_s": round(time.monotonic() - wall, 1),
-                "control_cpu_s": round(children_cpu() - control, 1),
-                "hosts_cpu_s": round(hosts_cpu(self.lab) - hosts, 1),
+                "control_cpu_s": round(machine_cpu() - machine - spent_hosts, 1),
+                "hosts_cpu_s": round(spent_hosts, 1),
                 "changed": sum(host.changed for host in result.hosts),
                 "tasks_per_host": max(
                     (host.ok + host.skipped + host.failed for host in result.hosts), default=0
@@ -169,7 +173,8 @@ def markdown(results: dict[str, Any]) -> str:
         f"{results['load_at_start']}, at end {results['load_at_end']}. Offline lab hosts (`gpufleet lab`, "
         "systemd-nspawn) on this machine, "
         f"every stage from `dist/lab-bundle`, Ansible strategy {results['strategy']}. Script: "
-        f"`{results['command']}` (root).",
+        f"`{results['command']}` (root). Control-node CPU: the machine's busy CPU less the lab hosts' (the "
+        "stages run in one ansible-playbook process).",
         "",
         "| step | seconds |",
         "| --- | --- |",

@@ -16,10 +16,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from gpufleet.runner.combined import CombinedRecorder, combined_playbook
 from gpufleet.runner.events import ProgressSink, StageRecorder
 from gpufleet.runner.report import StageResult, StageStatus
 
@@ -92,6 +93,8 @@ def run_stages(
     results: list[StageResult] = []
     facts: Facts = {}
     with _interruptible(cancel) as cancelled:
+        if len(specs) > 1 and combinable(specs):
+            return _run_combined(specs, progress, cancelled)
         for spec in specs:
             if progress:
                 progress.stage_started(spec.stage)
@@ -105,20 +108,56 @@ def run_stages(
     return results, facts
 
 
+def combinable(specs: Sequence[RunSpec]) -> bool:
+    """Stages that differ only in their playbook can share one ansible-playbook run."""
+    first = specs[0]
+    return all(
+        replace(spec, stage=first.stage, playbook=first.playbook, timeout=first.timeout) == first
+        for spec in specs
+    )
+
+
+def _run_combined(
+    specs: Sequence[RunSpec], progress: ProgressSink | None, cancelled: Callable[[], bool]
+) -> tuple[list[StageResult], Facts]:
+    """Every stage in one ansible-playbook run (gpufleet.runner.combined), reported stage by stage."""
+    recorder = CombinedRecorder(specs[0].stage, progress)
+    timeouts = [spec.timeout for spec in specs]
+    with tempfile.TemporaryDirectory(prefix="gpufleet-runner-") as private:
+        playbook = Path(private) / "stages.yml"
+        playbook.write_text(combined_playbook([(spec.stage, spec.playbook) for spec in specs]))
+        # A stage's timeout bounded each run alone: the run gets their sum, as the stages had in a row.
+        timeout = None if None in timeouts else sum(t for t in timeouts if t is not None)
+        name = "+".join(spec.stage for spec in specs)
+        whole = replace(specs[0], stage=name, playbook=playbook, timeout=timeout)
+        outcome = _ansible_playbook(whole, Path(private), recorder, cancelled)
+    return recorder.finish(outcome), recorder.facts
+
+
 def _run_playbook(
     spec: RunSpec, progress: ProgressSink | None, cancelled: Callable[[], bool]
 ) -> tuple[StageResult, Facts]:
     recorder = StageRecorder(spec.stage, progress)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gpufleet-runner-") as private:
-        import ansible_runner  # noqa: PLC0415  (heavy; only when a playbook runs)
-
-        arguments = runner_arguments(spec, Path(private), recorder, cancelled)
-        runner = ansible_runner.interface.init_runner(**arguments)
-        runner.config.env = restrict_env(runner.config.env, os.environ, set(arguments["envvars"]))
-        runner.run()
-        outcome = _STATUS.get(str(runner.status), "failed")
+        outcome = _ansible_playbook(spec, Path(private), recorder, cancelled)
     return recorder.result(outcome, time.monotonic() - started), recorder.facts
+
+
+def _ansible_playbook(
+    spec: RunSpec,
+    private: Path,
+    recorder: Callable[[Mapping[str, Any]], bool],
+    cancelled: Callable[[], bool],
+) -> StageStatus:
+    """One ansible-playbook run through ansible-runner; the Runner object stays here."""
+    import ansible_runner  # noqa: PLC0415  (heavy; only when a playbook runs)
+
+    arguments = runner_arguments(spec, private, recorder, cancelled)
+    runner = ansible_runner.interface.init_runner(**arguments)
+    runner.config.env = restrict_env(runner.config.env, os.environ, set(arguments["envvars"]))
+    runner.run()
+    return _STATUS.get(str(runner.status), "failed")
 
 
 def runner_arguments(

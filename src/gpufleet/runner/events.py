@@ -70,6 +70,7 @@ class _Host:
     first: datetime | None = None
     last: datetime | None = None
     failures: list[Failure] = field(default_factory=list)
+    standing: list[Failure] | None = None  # what ended the host's run, when known without a recap
 
     def add(self, outcome: str, data: Mapping[str, Any]) -> None:
         self.counts[outcome] = self.counts.get(outcome, 0) + 1
@@ -136,7 +137,14 @@ class StageRecorder:
         if self.progress:
             self.progress.task_done(self.stage, host, outcome)
 
-    def result(self, status: StageStatus, seconds: float) -> StageResult:
+    def result(
+        self, status: StageStatus, seconds: float, failed_hosts: frozenset[str] | None = None
+    ) -> StageResult:
+        """The stage's result. Without Ansible's recap (a stage of a longer run: ``failed_hosts`` names the
+        hosts that ended the stage failed), a failed host's failure is its last one, as the recap counts."""
+        if failed_hosts is not None:
+            for name, host in self._hosts.items():
+                host.standing = host.failures[-1:] if name in failed_hosts else []
         hosts = tuple(self._host_result(name, host) for name, host in sorted(self._hosts.items()))
         for name in sorted(self._stat_hosts() - set(self._hosts)):
             hosts += (self._host_result(name, _Host()),)
@@ -159,6 +167,10 @@ class StageRecorder:
             # As in Ansible's recap, changed and ignored-failed results are also "ok".
             counts["ok"] = counts.get("ok", 0) + counts.get("changed", 0) + counts.get("ignored", 0)
             counts["failed"] = counts.get("failed", 0)
+            if host.standing is not None:  # as the recap: a rescued failure is "rescued", not "failed"
+                standing = sum(not failure.unreachable for failure in host.standing)
+                counts["rescued"] = counts["failed"] - standing
+                counts["failed"] = standing
         else:
             counts = {
                 field: int((self._stats.get(key) or {}).get(name, 0)) for key, field in _STAT_KEYS.items()
@@ -169,7 +181,7 @@ class StageRecorder:
         """The failures that stood: a rescued one is followed by more tasks, a real one ends the host's run,
         so Ansible's recap count N means the host's last N failures."""
         if self._stats is None:
-            return host.failures
+            return host.failures if host.standing is None else host.standing
         failed = [f for f in host.failures if not f.unreachable]
         unreachable = [f for f in host.failures if f.unreachable]
         keep_failed = int((self._stats.get("failures") or {}).get(name, 0))

@@ -1,0 +1,163 @@
+"""Several stages in one ansible-playbook run (issue 15: each run paid ~2 s to start), reported stage by stage.
+
+Real ansible-playbook runs through ansible-runner on two local hosts (``ansible_connection: local``), with
+stage playbooks written here: the report must read as if each stage had run alone, a failed stage must end
+the run there, and a rescued failure must not count as one."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpufleet.runner.arguments import RunSpec, combinable, run_stages
+from gpufleet.runner.report import Failure, StageResult
+
+pytestmark = pytest.mark.slow
+LOCAL = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+
+OK_STAGE = [{"name": "Say hello", "hosts": "nodes", "gather_facts": False, "tasks": [{"ansible.builtin.ping": {}}]}]
+PUBLISH = [
+    {
+        "name": "Publish",
+        "hosts": "nodes",
+        "gather_facts": False,
+        "tasks": [
+            {"name": "Publish the endpoint", "ansible.builtin.set_fact": {"gpufleet_endpoint": "http://a:8000/v1"}},
+            {"name": "Change something", "ansible.builtin.command": "true", "changed_when": True},
+        ],
+    }
+]
+FAIL_ON_A = [
+    {
+        "name": "Fail on a",
+        "hosts": "nodes",
+        "gather_facts": False,
+        "tasks": [
+            {"name": "Break on a", "ansible.builtin.fail": {"msg": "a is broken"}, "when": "inventory_hostname == 'a'"},
+            {"name": "Go on elsewhere", "ansible.builtin.ping": {}},
+        ],
+    }
+]
+RESCUED = [
+    {
+        "name": "Rescue",
+        "hosts": "nodes",
+        "gather_facts": False,
+        "tasks": [
+            {
+                "name": "Try",
+                "block": [{"name": "Fail first", "ansible.builtin.fail": {"msg": "first try"}}],
+                "rescue": [{"name": "Recover", "ansible.builtin.ping": {}}],
+            }
+        ],
+    }
+]
+ALWAYS = [  # as the relay: the block fails, its always tasks still run, the host has failed
+    {
+        "name": "Always",
+        "hosts": "nodes",
+        "gather_facts": False,
+        "tasks": [
+            {
+                "name": "Copy",
+                "block": [{"name": "Copy fails", "ansible.builtin.fail": {"msg": "copy broke"}}],
+                "always": [{"name": "Clean up", "ansible.builtin.ping": {}}],
+            }
+        ],
+    }
+]
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def stage_started(self, stage: str) -> None:
+        self.calls.append(("started", stage))
+
+    def task_started(self, stage: str, host: str, task: str) -> None:
+        pass
+
+    def task_done(self, stage: str, host: str, outcome: str) -> None:
+        pass
+
+    def failed(self, failure: Failure) -> None:
+        self.calls.append(("failed", f"{failure.stage}/{failure.host}"))
+
+    def stage_finished(self, result: StageResult) -> None:
+        self.calls.append(("finished", f"{result.name}:{result.status}"))
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    (tmp_path / "playbooks").mkdir()
+    (tmp_path / "hosts.yml").write_text(
+        yaml.safe_dump({"nodes": {"hosts": {name: LOCAL for name in ("a", "b")}}})
+    )
+    return tmp_path
+
+
+def specs(project: Path, **stages: list[dict[str, Any]]) -> list[RunSpec]:
+    made = []
+    for name, plays in stages.items():
+        playbook = project / "playbooks" / f"{name}.yml"
+        playbook.write_text(yaml.safe_dump(plays, sort_keys=False))
+        made.append(RunSpec(name, project, playbook, project / "hosts.yml", {}))
+    return made
+
+
+def test_stages_in_one_run_report_each_stage_alone(project: Path) -> None:
+    sink = Sink()
+    results, facts = run_stages(specs(project, one=OK_STAGE, two=PUBLISH, three=OK_STAGE), sink, None)
+    assert [(r.name, r.status) for r in results] == [("one", "ok"), ("two", "ok"), ("three", "ok")]
+    two = results[1]
+    assert {(h.host, h.ok, h.changed, h.failed) for h in two.hosts} == {("a", 2, 1, 0), ("b", 2, 1, 0)}
+    assert {h.host: h.ok for h in results[0].hosts} == {"a": 1, "b": 1}  # the marker and gate are not counted
+    assert facts["gpufleet_endpoint"][1] == "http://a:8000/v1"
+    assert sink.calls == [
+        ("started", "one"), ("finished", "one:ok"),
+        ("started", "two"), ("finished", "two:ok"),
+        ("started", "three"), ("finished", "three:ok"),
+    ]  # fmt: skip
+
+
+def test_a_stage_that_fails_on_one_host_ends_the_run_there(project: Path) -> None:
+    sink = Sink()
+    results, _ = run_stages(specs(project, one=OK_STAGE, two=FAIL_ON_A, three=PUBLISH), sink, None)
+    assert [(r.name, r.status) for r in results] == [("one", "ok"), ("two", "failed")]
+    two = results[1]
+    assert [(f.host, f.task, f.message) for f in two.failures] == [("a", "Break on a", "a is broken")]
+    assert {h.host: (h.ok, h.failed) for h in two.hosts} == {"a": (0, 1), "b": (1, 0)}  # b went on
+    assert ("started", "three") not in sink.calls
+
+
+def test_a_stage_that_fails_everywhere_ends_the_run_there(project: Path) -> None:
+    results, _ = run_stages(specs(project, one=ALWAYS, two=OK_STAGE), None, None)
+    assert [(r.name, r.status) for r in results] == [("one", "failed")]
+    assert sorted((f.host, f.message) for f in results[0].failures) == [("a", "copy broke"), ("b", "copy broke")]
+
+
+def test_a_rescued_failure_is_not_a_failure(project: Path) -> None:
+    results, _ = run_stages(specs(project, one=RESCUED, two=OK_STAGE), None, None)
+    assert [(r.name, r.status) for r in results] == [("one", "ok"), ("two", "ok")]
+    assert results[0].failures == ()
+    assert {h.host: (h.failed, h.rescued) for h in results[0].hosts} == {"a": (0, 1), "b": (0, 1)}
+
+
+def test_a_stage_playbook_that_does_not_parse_fails_the_first_stage_with_ansibles_words(project: Path) -> None:
+    made = specs(project, one=OK_STAGE, two=OK_STAGE)
+    made[1].playbook.write_text("- hosts: nodes\n  tasks:\n    - no_such_module_here: {}\n")
+    results, _ = run_stages(made, None, None)
+    assert [(r.name, r.status) for r in results] == [("one", "failed")]
+    assert "no_such_module_here" in (results[0].error or ""), results[0]
+
+
+def test_only_stages_that_differ_in_their_playbook_share_a_run(project: Path) -> None:
+    one, two = specs(project, one=OK_STAGE, two=OK_STAGE)
+    assert combinable([one, two])
+    assert not combinable([one, RunSpec("two", project, two.playbook, two.inventory, {"x": 1})])
+    assert not combinable([one, RunSpec("two", project, two.playbook, two.inventory, {}, check=True)])
