@@ -16,9 +16,10 @@ name: gpufleet_inputs
 author: gpufleet maintainers (@gpufleet)
 short_description: Digest a role's inputs, for gpufleet_converged
 description:
-  - Returns the sha256 of the calling role's files, the collection's modules, the values of every variable
-    whose name starts with one of the given prefixes (names starting with C(__), which are registered
-    results and internals, and the run-time facts in I(exclude) left out) and I(extra).
+  - Returns the sha256 of the calling role's files (but its Markdown docs), the collection's modules, the
+    values of every variable whose name starts with one of the given prefixes (names starting with C(__),
+    which are registered results and internals, and the run-time facts in I(exclude) left out) and
+    I(extra).
   - Must be called from inside a role (it reads C(role_path)).
 options:
   _terms:
@@ -90,11 +91,12 @@ _MODULES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 
 @cache
 def tree_digest(root: str) -> str:
-    """sha256 over every file's relative path and bytes; once per process (a run reads a role once)."""
+    """sha256 over every file's relative path and bytes but the docs; once per process (a run reads a role
+    once)."""
     digest = hashlib.sha256()
     for folder, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if d not in {"__pycache__", "molecule"})
-        for name in sorted(files):
+        for name in sorted(name for name in files if not name.endswith(".md")):  # docs change nothing
             path = os.path.join(folder, name)
             digest.update(os.path.relpath(path, root).encode() + b"\0")
             with open(path, "rb") as src:

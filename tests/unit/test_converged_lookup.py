@@ -110,7 +110,9 @@ def test_the_digest_follows_the_inputs_and_nothing_else(project: Path) -> None:
     # Inputs: the role's own variables (a default overridden), the fleet-wide ones, the caller's extra.
     assert digest(project, "demo_size=2") != base
     assert digest(project, "gpufleet_bundle_dir=/elsewhere") != base
-    # The role's files: a changed template or task file is another converge.
+    # Its docs are not an input; its other files are: a changed template or task file is another converge.
+    (project / "roles" / "demo" / "README.md").write_text("# demo\n")
+    assert digest(project) == base
     (project / "roles" / "demo" / "templates").mkdir()
     (project / "roles" / "demo" / "templates" / "unit.j2").write_text("x\n")
     assert digest(project) != base

@@ -1,4 +1,5 @@
-"""Several stages in one ansible-playbook run (issue 15: each run paid ~2 s to start), reported stage by stage.
+"""Several stages in one ansible-playbook run (issue 15: each run paid ~2 s to start), reported stage by
+stage.
 
 Real ansible-playbook runs through ansible-runner on two local hosts (``ansible_connection: local``), with
 stage playbooks written here: the report must read as if each stage had run alone, a failed stage must end
@@ -19,14 +20,18 @@ from gpufleet.runner.report import Failure, StageResult
 pytestmark = pytest.mark.slow
 LOCAL = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
 
-OK_STAGE = [{"name": "Say hello", "hosts": "nodes", "gather_facts": False, "tasks": [{"ansible.builtin.ping": {}}]}]
+PING = {"ansible.builtin.ping": {}}
+OK_STAGE = [{"name": "Say hello", "hosts": "nodes", "gather_facts": False, "tasks": [PING]}]
 PUBLISH = [
     {
         "name": "Publish",
         "hosts": "nodes",
         "gather_facts": False,
         "tasks": [
-            {"name": "Publish the endpoint", "ansible.builtin.set_fact": {"gpufleet_endpoint": "http://a:8000/v1"}},
+            {
+                "name": "Publish the endpoint",
+                "ansible.builtin.set_fact": {"gpufleet_endpoint": "http://a:8000/v1"},
+            },
             {"name": "Change something", "ansible.builtin.command": "true", "changed_when": True},
         ],
     }
@@ -37,7 +42,11 @@ FAIL_ON_A = [
         "hosts": "nodes",
         "gather_facts": False,
         "tasks": [
-            {"name": "Break on a", "ansible.builtin.fail": {"msg": "a is broken"}, "when": "inventory_hostname == 'a'"},
+            {
+                "name": "Break on a",
+                "ansible.builtin.fail": {"msg": "a is broken"},
+                "when": "inventory_hostname == 'a'",
+            },
             {"name": "Go on elsewhere", "ansible.builtin.ping": {}},
         ],
     }
@@ -138,7 +147,8 @@ def test_a_stage_that_fails_on_one_host_ends_the_run_there(project: Path) -> Non
 def test_a_stage_that_fails_everywhere_ends_the_run_there(project: Path) -> None:
     results, _ = run_stages(specs(project, one=ALWAYS, two=OK_STAGE), None, None)
     assert [(r.name, r.status) for r in results] == [("one", "failed")]
-    assert sorted((f.host, f.message) for f in results[0].failures) == [("a", "copy broke"), ("b", "copy broke")]
+    failures = sorted((f.host, f.message) for f in results[0].failures)
+    assert failures == [("a", "copy broke"), ("b", "copy broke")]
 
 
 def test_a_rescued_failure_is_not_a_failure(project: Path) -> None:
@@ -148,7 +158,7 @@ def test_a_rescued_failure_is_not_a_failure(project: Path) -> None:
     assert {h.host: (h.failed, h.rescued) for h in results[0].hosts} == {"a": (0, 1), "b": (0, 1)}
 
 
-def test_a_stage_playbook_that_does_not_parse_fails_the_first_stage_with_ansibles_words(project: Path) -> None:
+def test_a_stage_playbook_that_does_not_parse_fails_the_first_stage_with_its_error(project: Path) -> None:
     made = specs(project, one=OK_STAGE, two=OK_STAGE)
     made[1].playbook.write_text("- hosts: nodes\n  tasks:\n    - no_such_module_here: {}\n")
     results, _ = run_stages(made, None, None)
