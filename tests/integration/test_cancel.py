@@ -116,8 +116,15 @@ def host_leftovers(lab: RunningLab) -> dict[str, list[str]]:
     return found
 
 
-def wait_for_image_transfer(lab: RunningLab, run: subprocess.Popen[str], limit: float) -> str:
-    """Poll the hosts until a relay receives the serving image (or docker load runs); the host's line."""
+def serving_image_sha256(bundle: Path) -> str:
+    """The serving image archive's sha256, which its relay receivers carry in their command line."""
+    lock = yaml.safe_load((bundle / "bundle.lock.yml").read_text(encoding="utf-8"))
+    archive = next(image["path"] for image in lock["images"] if "vllm" in image["name"])
+    return str(next(entry["sha256"] for entry in lock["files"] if entry["path"] == archive))
+
+
+def wait_for_image_transfer(lab: RunningLab, run: subprocess.Popen[str], limit: float, sha256: str) -> str:
+    """Poll the hosts until a relay receives the serving image (loading it as it arrives); the host's line."""
     ended = time.monotonic() + limit
     while time.monotonic() < ended:
         assert run.poll() is None, f"deploy ended before the transfer (exit {run.returncode}): " + (
@@ -126,7 +133,7 @@ def wait_for_image_transfer(lab: RunningLab, run: subprocess.Popen[str], limit: 
         for host in lab.hosts:
             table = lab.ssh(host, ["ps", "-eo", "args"], timeout=30).stdout
             for line in table.splitlines():
-                if "vllm" in line and ("gpufleet_relay.py recv" in line or "docker load" in line):
+                if "gpufleet_relay.py recv" in line and sha256 in line:
                     return f"{host}: {line}"
         time.sleep(0.5)
     pytest.fail(f"no image transfer seen within {limit:.0f} s")
@@ -160,7 +167,7 @@ def test_sigint_mid_artifacts_stops_every_process_and_a_rerun_completes(
             state=state,
             cgroup=run_cgroup,
         )
-        seen = wait_for_image_transfer(lab, run, limit=1500)
+        seen = wait_for_image_transfer(lab, run, limit=1500, sha256=serving_image_sha256(lab_bundle))
         time.sleep(1.0)  # bytes are flowing
         signalled = time.monotonic()
         run.send_signal(signal.SIGINT)
