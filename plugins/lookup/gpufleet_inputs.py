@@ -92,7 +92,7 @@ _MODULES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 @cache
 def tree_digest(root: str) -> str:
     """sha256 over every file's relative path and bytes but the docs. Ansible runs a lookup in the forked
-    worker of one task and host, so this runs about once per check and record: a role is tens of small files."""
+    worker of one task and host, so this runs once per check and record (a role: tens of small files)."""
     digest = hashlib.sha256()
     for folder, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if d not in {"__pycache__", "molecule"})
