@@ -7,6 +7,10 @@ the given prefixes (the role's inputs and the fleet-wide ``gpufleet_*`` ones, fr
 vars and defaults alike), and whatever else the caller names (other hosts' addresses, group membership). A
 variable the role does not read only costs a converge when it changes; one it reads and the digest missed
 would leave a node unconverged, so prefixes, not lists, select them.
+
+With ``fleet=true`` it digests a whole deploy instead (playbooks/fleet_check.yml): the collection's roles,
+plugins and playbooks, every inventory host's variables named with a role's prefix or ``gpufleet_``, the groups,
+and the contents of the control node's files the deploy reads (the bundle's lock, the API key).
 """
 
 from __future__ import annotations
@@ -20,13 +24,31 @@ description:
     values of every variable whose name starts with one of the given prefixes (names starting with C(__),
     which are registered results and internals, and the run-time facts in I(exclude) left out) and
     I(extra).
-  - Must be called from inside a role (it reads C(role_path)).
+  - Must be called from inside a role (it reads C(role_path)), unless I(fleet) is true.
+  - With I(fleet=true), the digest of a whole deploy instead, for the fleet stamp (playbooks/fleet_check.yml),
+    over the collection's roles, plugins and playbooks (but docs and Molecule scenarios), the variables of every
+    host in I(hosts) named with one of the given prefixes, C(gpufleet_) or a role's name and C(_), the groups,
+    the contents of I(files) and I(extra).
 options:
   _terms:
     description: Variable name prefixes, for example C(docker_) and C(gpufleet_).
     type: list
     elements: str
-    required: true
+    required: false
+  fleet:
+    description: Digest a whole deploy (every host's variables, the whole collection), not one role's inputs.
+    type: bool
+    default: false
+  hosts:
+    description: With I(fleet), the hosts whose variables count (default every host of the inventory).
+    type: list
+    elements: str
+    default: []
+  files:
+    description: With I(fleet), control-node files whose contents count (a missing one counts as missing).
+    type: list
+    elements: path
+    default: []
   extra:
     description: Any further values the converge depends on (other hosts' variables, groups).
     type: raw
@@ -86,7 +108,12 @@ RUN_TIME_FACTS = (
     "preflight_gpus",
     "ray_cluster_alive_nodes",
 )
-_MODULES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "modules")
+_PLUGINS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_MODULES = os.path.join(_PLUGINS, "modules")
+# The collection's root (a checkout, or ansible_collections/gpufleet/gpufleet installed): what a deploy runs.
+_COLLECTION = os.path.dirname(_PLUGINS)
+# The group playbooks/fleet_check.yml fills when every node is in sync: a result, not an input.
+FAST_GROUP = "gpufleet_in_sync"
 
 
 @cache
@@ -104,10 +131,20 @@ def tree_digest(root: str) -> str:
     return digest.hexdigest()
 
 
+def file_digest(path: str) -> str | None:
+    try:
+        with open(path, "rb") as src:
+            return hashlib.sha256(src.read()).hexdigest()
+    except FileNotFoundError:
+        return None
+
+
 class LookupModule(LookupBase):  # type: ignore[misc]  # ansible-core ships no type information
     def run(self, terms: list[Any], variables: dict[str, Any] | None = None, **kwargs: Any) -> list[str]:
         self.set_options(var_options=variables, direct=kwargs)
         variables = variables or {}
+        if self.get_option("fleet"):
+            return [self._fleet(variables, tuple(str(term) for term in terms))]
         role_path = variables.get("role_path")
         if not role_path:
             raise AnsibleError("gpufleet_inputs: call it from inside a role (role_path is not set)")
@@ -127,6 +164,37 @@ class LookupModule(LookupBase):  # type: ignore[misc]  # ansible-core ships no t
         }
         encoded = json.dumps(inputs, sort_keys=True, default=str).encode()
         return [hashlib.sha256(encoded).hexdigest()]
+
+    def _fleet(self, variables: dict[str, Any], terms: tuple[str, ...]) -> str:
+        roles = os.path.join(_COLLECTION, "roles")
+        role_names = sorted(os.listdir(roles)) if os.path.isdir(roles) else []
+        prefixes = (*terms, "gpufleet_", *(f"{role}_" for role in role_names))
+        excluded = {*RUN_TIME_FACTS, *self.get_option("exclude")}
+        groups = {name: sorted(hosts) for name, hosts in variables.get("groups", {}).items() if name != FAST_GROUP}
+        hostvars = variables.get("hostvars", {})
+        hosts: dict[str, Any] = {}
+        for host in sorted(self.get_option("hosts") or groups.get("all", [])):
+            own = hostvars[host]
+            names = sorted(n for n in own if n.startswith(prefixes) and not n.startswith("__") and n not in excluded)
+            hosts[host] = {name: self._host_value(own, name) for name in names}
+        inputs = {
+            "trees": {
+                tree: tree_digest(os.path.join(_COLLECTION, tree))
+                for tree in ("roles", "plugins", "playbooks")
+                if os.path.isdir(os.path.join(_COLLECTION, tree))
+            },
+            "hosts": hosts,
+            "groups": groups,
+            "files": {path: file_digest(path) for path in self.get_option("files")},
+            "extra": self._plain(self.get_option("extra")),
+        }
+        return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
+
+    def _host_value(self, own: Any, name: str) -> Any:
+        try:
+            return self._plain(own[name])  # hostvars template on access, in that host's context
+        except Exception as problem:
+            return f"<{type(problem).__name__}>"
 
     def _value(self, variables: dict[str, Any], name: str) -> Any:
         try:

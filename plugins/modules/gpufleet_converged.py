@@ -9,6 +9,11 @@ nothing differs the role skips its converge tasks, so a re-run that changes noth
 instead of dozens. Anything that differs (an input, an edited or replaced file, a stopped unit, a removed
 image) makes the role converge in full, as on its first run. A stamp that no longer holds is removed at
 once, so a converge that then fails can never leave a stale stamp behind that a later run would trust.
+
+A whole deploy adds one stamp above the roles' (``fleet``, playbooks/fleet_check.yml and fleet_record.yml):
+``fleet_record`` names the role stamps a deploy left and their digests; ``fleet_check`` compares the
+deployment's inputs digest and, from the specs the role stamps keep, every role's node state in one call, so a
+re-run that changes nothing costs one task per node for all its roles.
 """
 
 from __future__ import annotations
@@ -22,14 +27,23 @@ description:
     systemd units, read-only commands) with the stamp its last successful converge recorded, and reports
     I(in_sync). When in sync, returns the facts recorded with the stamp as ansible_facts.
   - With I(state=record), writes the stamp (mode 0600) from the node state now.
+  - With I(state=fleet_record), writes the fleet stamp I(name), with the digests of the role stamps named by
+    I(roles) (all must exist) with this module's own node state; I(state=fleet_check) compares it, each of
+    those role stamps' digests and each role's node state (from the specs the role stamps keep) in one call.
   - Files are compared by metadata (type, size, modification time, inode, mode, owner), which any edit,
     replacement, chmod or chown changes; a tree is every entry below it, compared the same way.
   - Used by every gpufleet.gpufleet role that converges a node.
 options:
   name: {type: str, required: true, description: "The stamp's name, the role's (one stamp per role)."}
   state:
-    {type: str, default: check, choices: [check, record], description: "check: compare, report, and remove
-    a stamp that no longer holds (not in check mode); record: write the stamp (not in check mode)."}
+    type: str
+    default: check
+    choices: [check, record, fleet_check, fleet_record]
+    description: "check: compare, report, and remove a stamp that no longer holds (not in check mode); record:
+      write the stamp (not in check mode); fleet_check, fleet_record: the same for the fleet stamp over I(roles)."
+  roles:
+    {type: list, elements: str, default: [], description: "With fleet_check and fleet_record: the role stamps
+    the fleet stamp covers."}
   digest: {type: str, required: true, description: "The role's inputs digest (lookup gpufleet_inputs)."}
   files: {type: list, elements: path, default: [], description: Files and directories (not their contents).}
   trees: {type: list, elements: path, default: [], description: Directories compared with every entry below.}
@@ -82,7 +96,8 @@ from ansible.module_utils.basic import AnsibleModule
 if TYPE_CHECKING:  # annotations only: never evaluated on the node, whatever its Python
     from collections.abc import Iterable, Mapping
 
-SCHEMA = 1
+SCHEMA = 2  # 2: a role stamp keeps its spec (what it fingerprints), for the fleet check
+SPEC = ("files", "trees", "units", "commands")
 # A unit's invocation ID changes with every start: a service restarted since the converge (a crash, a restart
 # of what it depends on) makes its role converge again, and so wait until the service is ready again.
 UNIT_PROPERTIES = ("LoadState", "ActiveState", "UnitFileState", "InvocationID")
@@ -202,27 +217,90 @@ def check(module: AnsibleModule) -> dict[str, Any]:
     stamp = read_stamp(path)
     if stamp is None:
         return {"in_sync": False, "why": "no converge recorded on this node yet", "digest": params["digest"]}
-    now = node_state(params)
-    if stamp.get("schema") != SCHEMA or stamp.get("digest") != params["digest"]:
-        why = "the role's inputs or files changed since the last converge"
-    elif stamp.get("state") != now:
-        why = first_difference(stamp.get("state", {}), now)
-    else:
+    why = stamp_in_sync(stamp, params["digest"], params)
+    if why is None:
         return {"in_sync": True, "why": "in sync", "ansible_facts": stamp.get("facts", {})}
     if not module.check_mode:
         os.unlink(path)
     return {"in_sync": False, "why": why, "digest": params["digest"]}
 
 
+def stamp_in_sync(stamp: Mapping[str, Any], digest: str, spec: Mapping[str, Any]) -> str | None:
+    """None when ``stamp`` holds for ``digest`` and the node state of ``spec`` now, else what differs."""
+    if stamp.get("schema") != SCHEMA or stamp.get("digest") != digest:
+        return "the role's inputs or files changed since the last converge"
+    now = node_state(spec)
+    if stamp.get("state") != now:
+        return first_difference(stamp.get("state", {}), now)
+    return None
+
+
+def fleet_check(module: AnsibleModule) -> dict[str, Any]:
+    """Every role stamp the fleet stamp names, and the fleet's own, in one call (see the module's doc)."""
+    params = module.params
+    path = stamp_path(params)
+    fleet = read_stamp(path)
+    if fleet is None:
+        return {"in_sync": False, "why": "no whole deploy recorded on this node yet"}
+    if fleet.get("schema") != SCHEMA or fleet.get("digest") != params["digest"]:
+        why: str | None = "the deployment's inputs (collection, inventory, bundle lock, API key) changed"
+    else:
+        why = stamp_in_sync(fleet, params["digest"], params)
+    recorded = fleet.get("roles") if isinstance(fleet.get("roles"), dict) else {}
+    if why is None and sorted(recorded) != sorted(params["roles"]):
+        why = "the deploy's roles changed since the last one"
+    facts: dict[str, Any] = {}
+    for role in sorted(recorded) if why is None else ():
+        stamp = read_stamp(os.path.join(params["root"], f"{role}.json")) or {}
+        spec = stamp.get("spec") if isinstance(stamp.get("spec"), dict) else {}
+        if set(spec) != set(SPEC):
+            why = f"{role}: no converge recorded, or by an older gpufleet"
+        else:
+            role_why = stamp_in_sync(stamp, str(recorded[role]), spec)
+            why = None if role_why is None else f"{role}: {role_why}"
+        if why is not None:
+            break
+        facts.update(stamp.get("facts", {}))
+    if why is None:
+        return {"in_sync": True, "why": "in sync", "ansible_facts": facts | fleet.get("facts", {})}
+    if not module.check_mode:
+        os.unlink(path)
+    return {"in_sync": False, "why": f"fleet: {why}"}
+
+
+def fleet_record(module: AnsibleModule) -> dict[str, Any]:
+    params = module.params
+    if module.check_mode:
+        return {"in_sync": False, "why": "check mode records nothing"}
+    roles = {}
+    for role in params["roles"]:
+        stamp = read_stamp(os.path.join(params["root"], f"{role}.json"))
+        if not stamp or stamp.get("schema") != SCHEMA:
+            if os.path.exists(stamp_path(params)):  # never leave one that covers less than it says
+                os.unlink(stamp_path(params))
+            return {"in_sync": False, "why": f"{role} recorded no converge on this node: no fleet stamp"}
+        roles[role] = stamp.get("digest")
+    write_stamp(params, {"roles": roles})
+    return {"in_sync": True, "why": "recorded"}
+
+
 def record(module: AnsibleModule) -> dict[str, Any]:
     params = module.params
     if module.check_mode:
         return {"in_sync": False, "why": "check mode records nothing"}
+    write_stamp(params, {"spec": {kind: params[kind] for kind in SPEC}})
+    # A cache of what the converge did, not a change of its own: a second run stays changed=0.
+    return {"in_sync": True, "why": "recorded"}
+
+
+def write_stamp(params: Mapping[str, Any], more: Mapping[str, Any]) -> None:
+    """The stamp, atomically and readable by root alone (the state of what the roles manage)."""
     stamp = {
         "schema": SCHEMA,
         "digest": params["digest"],
         "state": node_state(params),
         "facts": params["facts"],
+        **more,
     }
     os.makedirs(params["root"], mode=0o700, exist_ok=True)
     path = stamp_path(params)
@@ -231,15 +309,21 @@ def record(module: AnsibleModule) -> dict[str, Any]:
     with os.fdopen(fd, "w") as out:
         json.dump(stamp, out, sort_keys=True)
     os.replace(staging, path)
-    # A cache of what the converge did, not a change of its own: a second run stays changed=0.
-    return {"in_sync": True, "why": "recorded"}
+
+
+ACTIONS = {"check": check, "record": record, "fleet_check": fleet_check, "fleet_record": fleet_record}
 
 
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "name": {"type": "str", "required": True},
-            "state": {"type": "str", "default": "check", "choices": ["check", "record"]},
+            "state": {
+                "type": "str",
+                "default": "check",
+                "choices": ["check", "record", "fleet_check", "fleet_record"],
+            },
+            "roles": {"type": "list", "elements": "str", "default": []},
             "digest": {"type": "str", "required": True},
             "files": {"type": "list", "elements": "path", "default": []},
             "trees": {"type": "list", "elements": "path", "default": []},
@@ -251,7 +335,7 @@ def main() -> None:
         supports_check_mode=True,
     )
     try:
-        result = check(module) if module.params["state"] == "check" else record(module)
+        result = ACTIONS[module.params["state"]](module)
     except OSError as problem:
         module.fail_json(
             msg=f"{os.uname().nodename}: {problem} (stamp {stamp_path(module.params)}). "

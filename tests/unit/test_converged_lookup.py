@@ -116,3 +116,52 @@ def test_the_digest_follows_the_inputs_and_nothing_else(project: Path) -> None:
     (project / "roles" / "demo" / "templates").mkdir()
     (project / "roles" / "demo" / "templates" / "unit.j2").write_text("x\n")
     assert digest(project) != base
+
+
+def fleet_digest(tmp_path: Path, inventory: str, *extra: str) -> str:
+    """The whole deploy's digest (fleet=true), printed by a play on one host of a two-host inventory."""
+    (tmp_path / "hosts.ini").write_text(inventory)
+    (tmp_path / "fleet.yml").write_text(
+        "- hosts: a\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.debug:\n"
+        "        msg: \"DIGEST={{ lookup('gpufleet_inputs', fleet=true, files=[key_file]) }}\"\n"
+    )
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+        "ANSIBLE_LOOKUP_PLUGINS": str(REPO / "plugins/lookup"),
+        "ANSIBLE_NOCOLOR": "1",
+    }
+    args = ["-e", f"key_file={tmp_path / 'gpufleet.apikey'}", *[a for value in extra for a in ("-e", value)]]
+    done = subprocess.run(
+        [str(ANSIBLE_PLAYBOOK), "-i", str(tmp_path / "hosts.ini"), "-c", "local", str(tmp_path / "fleet.yml"), *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    [line] = [line for line in done.stdout.splitlines() if "DIGEST=" in line]
+    return line.split("DIGEST=")[1].strip().strip('"')
+
+
+@pytest.mark.slow
+def test_the_fleet_digest_follows_every_host_and_the_control_node_files(tmp_path: Path) -> None:
+    """The fast path of a whole deploy (playbooks/fleet_check.yml) skips every stage while this holds: another
+    host's role variable, group membership or the API key's contents must change it; what no role reads must not."""
+    inventory = "[gpu_nodes]\na\nb docker_version=27.5.1 gpufleet_node_ip=10.0.0.2\n[ray_head]\na\n"
+    base = fleet_digest(tmp_path, inventory)
+    assert len(base) == 64
+    assert fleet_digest(tmp_path, inventory) == base
+    assert fleet_digest(tmp_path, inventory.replace("27.5.1", "28.0.0")) != base  # a role's input, on b
+    assert fleet_digest(tmp_path, inventory.replace("10.0.0.2", "10.0.0.3")) != base  # a fleet variable, on b
+    assert fleet_digest(tmp_path, inventory.replace("[ray_head]\na", "[ray_head]\nb")) != base  # the head moved
+    assert fleet_digest(tmp_path, inventory + "[extra]\nb\n") != base  # groups are an input
+    assert fleet_digest(tmp_path, inventory, "gpufleet_verify=x", "__docker_probe=1", "other_size=5") == base
+    (tmp_path / "gpufleet.apikey").write_text("k" * 64)
+    with_key = fleet_digest(tmp_path, inventory)
+    assert with_key != base
+    (tmp_path / "gpufleet.apikey").write_text("r" * 64)  # a rotated key: vllm_service renders it
+    assert fleet_digest(tmp_path, inventory) != with_key

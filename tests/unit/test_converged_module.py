@@ -144,3 +144,89 @@ def test_a_host_without_systemd_is_checked_too(node: Node, tmp_path: Path) -> No
     assert recorded["in_sync"] is True, recorded
     again = node.module(units=["docker.service"], env=env)
     assert again["in_sync"] is True, again
+
+
+# The fleet stamp (playbooks/fleet_check.yml, fleet_record.yml): one check per node for every role's stamp.
+FLEET = "f" * 64
+
+
+def fleet(node: Node, state: str = "fleet_check", check: bool = False, **args: Any) -> dict[str, Any]:
+    """The fleet stamp over the docker role's stamp (the node fixture's), with its own probe of the node."""
+    kernel = node.root / "kernel"
+    if not kernel.exists():
+        kernel.write_text("6.1.0 x86_64\n")
+    params: dict[str, Any] = {
+        "name": "fleet",
+        "state": state,
+        "digest": FLEET,
+        "roles": ["docker"],
+        "files": [],
+        "trees": [],
+        "commands": [["cat", str(kernel)]],
+        **args,
+    }
+    return node.module(check=check, **params)
+
+
+@pytest.fixture
+def recorded(node: Node) -> Node:
+    done = fleet(node, "fleet_record", facts={"gpufleet_revisions": {"current": "abc"}})
+    assert (done["in_sync"], done["changed"]) == (True, False), done
+    return node
+
+
+def test_the_fleet_check_holds_while_every_role_stamp_holds_and_returns_their_facts(recorded: Node) -> None:
+    result = fleet(recorded)
+    assert (result["in_sync"], result["changed"]) == (True, False), result
+    assert result["ansible_facts"] == {
+        "gpufleet_docker_version": "20.10.24",
+        "gpufleet_revisions": {"current": "abc"},
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (lambda n: n.config.write_text('{"storage-driver": "vfs"}\n'), "fleet: docker: "),
+        (lambda n: (n.tree / "extra.safetensors").write_bytes(b"injected"), "fleet: docker: "),
+        (lambda n: n.probe.write_text("sha256:bbbb\n"), "fleet: docker: "),
+        (lambda n: (n.root / "kernel").write_text("6.12.0 x86_64\n"), "fleet: `cat "),
+        (lambda n: n.stamp.unlink(), "fleet: docker: no converge recorded"),
+        (lambda n: n.module(state="record", digest="e" * 64), "fleet: docker: the role's inputs"),
+    ],
+    ids=["role file edited", "role tree grew", "role probe", "node probe", "role stamp gone", "role re-recorded"],
+)
+def test_any_role_drift_fails_the_fleet_check_and_drops_only_the_fleet_stamp(
+    recorded: Node, change: Any, named: str
+) -> None:
+    change(recorded)
+    result = fleet(recorded)
+    assert result["in_sync"] is False
+    assert named in result["why"], result["why"]
+    assert "ansible_facts" not in result
+    assert not (recorded.root / "stamps" / "fleet.json").exists()
+    # the role's own check still decides for the role (and drops its stamp only when the role drifted)
+
+
+def test_other_deployment_inputs_or_roles_fail_the_fleet_check(recorded: Node) -> None:
+    assert "deployment's inputs" in fleet(recorded, digest="0" * 64)["why"]
+    fleet(recorded, "fleet_record")
+    assert "roles changed" in fleet(recorded, roles=["docker", "vllm_service"])["why"]
+
+
+def test_the_fleet_stamp_is_refused_while_a_role_recorded_nothing(recorded: Node) -> None:
+    stamp = recorded.root / "stamps" / "fleet.json"
+    assert stamp.exists()
+    done = fleet(recorded, "fleet_record", roles=["docker", "ray_cluster"])
+    assert (done["in_sync"], done["why"]) == (False, "ray_cluster recorded no converge on this node: no fleet stamp")
+    assert not stamp.exists()  # never one that covers less than it names
+
+
+def test_check_mode_neither_drops_nor_writes_the_fleet_stamp(recorded: Node) -> None:
+    stamp = recorded.root / "stamps" / "fleet.json"
+    recorded.config.write_text("{}\n")
+    assert fleet(recorded, check=True)["in_sync"] is False
+    assert stamp.exists()
+    stamp.unlink()
+    fleet(recorded, "fleet_record", check=True)
+    assert not stamp.exists()

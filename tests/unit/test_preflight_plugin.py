@@ -52,3 +52,37 @@ def test_invalid_inventory_stops_the_play_with_every_problem(make_inventory: Inv
     assert "nothing was changed on any host" in result.stdout
     assert "vllm_service_port: found 0" in result.stdout
     assert "vllm_service_dtype: found 'bf16'" in result.stdout
+
+
+@pytest.mark.slow
+def test_facts_of_the_run_so_far_are_not_taken_for_inventory_variables(tmp_path: Path) -> None:
+    """The validation reads the inventory, not the facts earlier tasks of the run published (the fast path's
+    check, playbooks/fleet_check.yml, hands back the facts of the last converge on nodes still in sync): a
+    bug failed a deploy with `gpufleet_endpoint: found a variable gpufleet does not know` when
+    ansible-runner's fact cache (jsonfile) held them."""
+    playbook = tmp_path / "facts_then_validate.yml"
+    playbook.write_text(
+        "- hosts: gpu_nodes\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.set_fact: {gpufleet_endpoint: 'http://10.0.0.1:8000/v1', cacheable: true}\n"
+        "    - gpufleet_validate:\n      run_once: true\n      delegate_to: localhost\n"
+    )
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+        "ANSIBLE_NOCOLOR": "1",
+        "GPUFLEET_CACHE_DIR": str(tmp_path / "cache"),  # read through Ansible, not a cached earlier reading
+        # a persistent fact cache, as ansible-runner (gpufleet deploy) sets one
+        "ANSIBLE_CACHE_PLUGIN": "jsonfile",
+        "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp_path / "facts"),
+    }
+    done = subprocess.run(
+        [str(ANSIBLE_PLAYBOOK), str(playbook), "-i", str(PROD_INVENTORY)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "gpufleet does not know" not in done.stdout

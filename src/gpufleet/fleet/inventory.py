@@ -102,7 +102,7 @@ def read_inventory(path: Path) -> RawInventory:
 
 
 # What the cache of read_inventory's result depends on, besides the inventory's own files.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: readings before it could hold a persistent fact cache's facts
 ANSIBLE_CONFIGS = ("ansible.cfg", "~/.ansible.cfg", "/etc/ansible/ansible.cfg")
 # Files holding these are read through Ansible every time: a template may read the environment or other
 # files (lookup), a vaulted value needs a secret, a plugin or a script asks something outside the files.
@@ -196,6 +196,13 @@ def _skip_secrets() -> None:
         manager.IGNORED = re.compile(manager.IGNORED.pattern + b"|" + b"|".join(secrets))
 
 
+class _NoFacts:
+    """A fact cache that holds nothing (VariableManager asks it with ``get`` and expects KeyError)."""
+
+    def get(self, host: str) -> dict[str, Any]:
+        raise KeyError(host)
+
+
 def _load_with_ansible(path: Path) -> tuple[list[RawHost], list[Problem]]:
     # Imported here: ansible's import reads its configuration, which only the commands that need it pay for.
     import ansible.constants as ansible_constants  # noqa: PLC0415
@@ -213,6 +220,9 @@ def _load_with_ansible(path: Path) -> tuple[list[RawHost], list[Problem]]:
     try:
         manager = InventoryManager(loader=loader, sources=[str(path)])
         variables = VariableManager(loader=loader, inventory=manager)
+        # The inventory alone: a persistent fact cache (ansible-runner's jsonfile one, or the user's ansible.cfg)
+        # holds the facts of this run's earlier tasks and of earlier runs, which are not inventory variables.
+        variables._fact_cache = _NoFacts()  # noqa: SLF001  (VariableManager takes no cache as an argument)
     except AnsibleError as error:
         first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise InventoryError(

@@ -31,17 +31,29 @@ from gpufleet.runner.report import StageResult, StageStatus
 MARKER = "gpufleet stage: "
 GATE = "gpufleet stage ended: "
 _FAILED = ("runner_on_failed", "runner_on_unreachable")
+# The stages of a whole deploy, whose fleet stamp lets a re-run that changes nothing skip all but verify's check.
+WHOLE = ("preflight", "nodes", "artifacts", "cluster", "serve", "verify")
+# fleet_check.yml's last task: it runs (ok) only when every node is in sync, and the stages then have no host.
+FAST_TASK = "Leave every stage but verify out when every node is in sync"
 Facts = dict[str, tuple[str, Any]]
 
 
 def combined_playbook(stages: Sequence[tuple[str, Path]]) -> str:
-    """The playbook that runs every (stage, playbook) in order, with its marker and its gate."""
+    """The playbook that runs every (stage, playbook) in order, with its marker and its gate. A whole deploy
+    (every stage of :data:`WHOLE`) also takes the fast path as site.yml does: fleet_check.yml at the start of
+    preflight, fleet_record.yml at the end of verify."""
     gone = "ansible_play_hosts_all | difference(ansible_play_hosts)"
+    whole = set(WHOLE) <= {stage for stage, _ in stages}
     plays: list[dict[str, Any]] = []
     for stage, playbook in stages:
+        imports = [playbook]
+        if whole and stage == WHOLE[0]:
+            imports.insert(0, playbook.parent / "fleet_check.yml")
+        if whole and stage == WHOLE[-1]:
+            imports.append(playbook.parent / "fleet_record.yml")
         plays += [
             {"name": MARKER + stage, "hosts": "localhost", "gather_facts": False, "tasks": []},
-            {"name": f"Stage {stage}", "ansible.builtin.import_playbook": str(playbook)},
+            *({"name": f"Stage {stage}", "ansible.builtin.import_playbook": str(path)} for path in imports),
             {
                 "name": GATE + stage,
                 "hosts": "all",
@@ -75,6 +87,7 @@ class CombinedRecorder:
         self._failing: set[str] = set()  # hosts with a failure in the stage (all of them, when no gate ran)
         self._in_gate = False
         self._stopped = False
+        self.in_sync = False  # every node as the last whole deploy left it: the stages but verify have no host
         # ansible-playbook's words before any stage began (a stage playbook that does not parse)
         self._before = StageRecorder(first)
 
@@ -92,6 +105,8 @@ class CombinedRecorder:
         if self._in_gate:
             self._verdict(kind, data)
             return False
+        if kind == "runner_on_ok" and data.get("task") == FAST_TASK:
+            self.in_sync = True
         if kind in _FAILED and not data.get("ignore_errors"):
             self._failing.add(str(data.get("host")))
         return (self._stage or self._before)(event)
@@ -134,6 +149,8 @@ class CombinedRecorder:
         if status == "ok":
             failed = frozenset()  # every failure was rescued
         result = self._stage.result(status, time.monotonic() - self._began, failed_hosts=failed)
+        if self.in_sync and not result.hosts:
+            result = result.model_copy(update={"in_sync": True})
         self.results.append(result)
         self.facts.update(self._stage.facts)
         if self.progress:

@@ -28,6 +28,7 @@ from gpufleet.runner.report import (
 )
 from gpufleet.vllm_log import VllmFacts
 
+_NO_HOST = {False: "no host matched", True: "every node as the last deploy left it: nothing to do"}
 _COLUMNS = ("ok", "changed", "failed", "skipped")
 _STYLE = {"ok": "green", "failed": "bold red", "canceled": "yellow", "timeout": "yellow", "running": "cyan"}
 # Live counts follow Ansible's recap: changed and ignored-failed results are also "ok".
@@ -125,8 +126,13 @@ class LiveProgress:
                 row.state = "failed" if host.failed or host.unreachable else result.status
                 row.ended, row.task = now, ""
             if not result.hosts:
-                self._rows[(result.name, "")] = _Row(
-                    result.name, "", ended=now, state=result.status, task=result.error or "no host matched"
+                self._rows[(result.name, "")] = _Row(  # started then too: not "in -0s"
+                    result.name,
+                    "",
+                    started=now,
+                    ended=now,
+                    state=result.status,
+                    task=result.error or _NO_HOST[result.in_sync],
                 )
             finished = [row for row in self._rows.values() if row.stage == result.name]
         if self._plain:
@@ -190,6 +196,8 @@ def print_deploy_report(console: Console, report: DeployReport) -> None:
     if report.downtime is not None:
         console.print(_downtime(report.downtime))
     outcome = "deployed" + (" (no changes)" if report.changed == 0 and not report.check_mode else "")
+    if any(stage.in_sync for stage in report.stages):
+        outcome += "; every node as the last deploy left it, so only verify's checks ran"
     if (back := report.rollback) is not None:
         if report.failed_stage in (None, "rollback"):  # gpufleet rollback
             outcome = "rolled back" if back.ok else "the rollback failed"

@@ -51,6 +51,8 @@ class StageResult(_Frozen):
     hosts: tuple[HostResult, ...] = ()
     failures: tuple[Failure, ...] = ()
     error: str | None = None  # what ansible-playbook said when it failed before any task (syntax, inventory)
+    # No host ran it: every node was still as the last whole deploy left it (playbooks/fleet_check.yml)
+    in_sync: bool = False
 
 
 class VerifyResult(_Frozen):
