@@ -76,7 +76,7 @@ class StageClock:
         self.rows.append(
             {
                 "stage": result.name,
-                "status": result.status,
+                "status": "in sync (skipped)" if result.in_sync else result.status,
                 "wall_s": round(time.monotonic() - wall, 1),
                 "control_cpu_s": round(machine_cpu() - machine - spent_hosts, 1),
                 "hosts_cpu_s": round(spent_hosts, 1),

@@ -8,9 +8,9 @@ vars and defaults alike), and whatever else the caller names (other hosts' addre
 variable the role does not read only costs a converge when it changes; one it reads and the digest missed
 would leave a node unconverged, so prefixes, not lists, select them.
 
-With ``fleet=true`` it digests a whole deploy instead (playbooks/fleet_check.yml): the collection's roles,
-plugins and playbooks, every inventory host's variables named with a role's prefix or ``gpufleet_``, the groups,
-and the contents of the control node's files the deploy reads (the bundle's lock, the API key).
+With ``fleet=true`` it digests a whole deploy instead (playbooks/fleet_check.yml): the collection's
+roles, plugins and playbooks, every inventory host's variables named with a role's prefix or ``gpufleet_``,
+the groups, and the contents of the control node's files the deploy reads (the bundle's lock, the API key).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ description:
     which are registered results and internals, and the run-time facts in I(exclude) left out) and
     I(extra).
   - Must be called from inside a role (it reads C(role_path)), unless I(fleet) is true.
-  - With I(fleet=true), the digest of a whole deploy instead, for the fleet stamp (playbooks/fleet_check.yml),
-    over the collection's roles, plugins and playbooks (but docs and Molecule scenarios), the variables of every
-    host in I(hosts) named with one of the given prefixes, C(gpufleet_) or a role's name and C(_), the groups,
-    the contents of I(files) and I(extra).
+  - With I(fleet=true), the digest of a whole deploy instead, for the fleet stamp
+    (playbooks/fleet_check.yml), over the collection's roles, plugins and playbooks (but docs and Molecule
+    scenarios), the variables of every host in I(hosts) named with one of the given prefixes, C(gpufleet_)
+    or a role's name and C(_), the groups, the contents of I(files) and I(extra).
 options:
   _terms:
     description: Variable name prefixes, for example C(docker_) and C(gpufleet_).
@@ -170,12 +170,16 @@ class LookupModule(LookupBase):  # type: ignore[misc]  # ansible-core ships no t
         role_names = sorted(os.listdir(roles)) if os.path.isdir(roles) else []
         prefixes = (*terms, "gpufleet_", *(f"{role}_" for role in role_names))
         excluded = {*RUN_TIME_FACTS, *self.get_option("exclude")}
-        groups = {name: sorted(hosts) for name, hosts in variables.get("groups", {}).items() if name != FAST_GROUP}
+        groups = {
+            name: sorted(hosts) for name, hosts in variables.get("groups", {}).items() if name != FAST_GROUP
+        }
         hostvars = variables.get("hostvars", {})
         hosts: dict[str, Any] = {}
         for host in sorted(self.get_option("hosts") or groups.get("all", [])):
             own = hostvars[host]
-            names = sorted(n for n in own if n.startswith(prefixes) and not n.startswith("__") and n not in excluded)
+            names = sorted(
+                n for n in own if n.startswith(prefixes) and not n.startswith("__") and n not in excluded
+            )
             hosts[host] = {name: self._host_value(own, name) for name in names}
         inputs = {
             "trees": {

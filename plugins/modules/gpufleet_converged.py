@@ -39,8 +39,9 @@ options:
     type: str
     default: check
     choices: [check, record, fleet_check, fleet_record]
-    description: "check: compare, report, and remove a stamp that no longer holds (not in check mode); record:
-      write the stamp (not in check mode); fleet_check, fleet_record: the same for the fleet stamp over I(roles)."
+    description: "check: compare, report, and remove a stamp that no longer holds (not in check mode);
+      record: write the stamp (not in check mode); fleet_check, fleet_record: the same for the fleet stamp
+      over I(roles)."
   roles:
     {type: list, elements: str, default: [], description: "With fleet_check and fleet_record: the role stamps
     the fleet stamp covers."}
@@ -246,13 +247,13 @@ def fleet_check(module: AnsibleModule) -> dict[str, Any]:
         why: str | None = "the deployment's inputs (collection, inventory, bundle lock, API key) changed"
     else:
         why = stamp_in_sync(fleet, params["digest"], params)
-    recorded = fleet.get("roles") if isinstance(fleet.get("roles"), dict) else {}
+    recorded: dict[str, Any] = fleet["roles"] if isinstance(fleet.get("roles"), dict) else {}
     if why is None and sorted(recorded) != sorted(params["roles"]):
         why = "the deploy's roles changed since the last one"
     facts: dict[str, Any] = {}
     for role in sorted(recorded) if why is None else ():
         stamp = read_stamp(os.path.join(params["root"], f"{role}.json")) or {}
-        spec = stamp.get("spec") if isinstance(stamp.get("spec"), dict) else {}
+        spec: dict[str, Any] = stamp["spec"] if isinstance(stamp.get("spec"), dict) else {}
         if set(spec) != set(SPEC):
             why = f"{role}: no converge recorded, or by an older gpufleet"
         else:

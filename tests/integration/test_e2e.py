@@ -136,16 +136,21 @@ def tasks_run(report: DeployReport) -> dict[str, int]:
     return {f"{s.name}/{h.host}": h.ok + h.failed + h.skipped for s in report.stages for h in s.hosts}
 
 
-def test_the_second_deploy_skips_each_roles_work_on_nodes_still_as_it_left_them(
+def test_the_second_deploy_checks_each_node_once_and_skips_every_stage_but_verify(
     deployment: Deployment,
 ) -> None:
-    """Issue 15: every role checks its node once (gpufleet_converged) and skips its converge tasks when
-    nothing drifted; changed=0 alone would also hold for a slow re-run that ran them all."""
+    """Issue 15: every node still as the first deploy left it, one check per node (playbooks/fleet_check.yml:
+    every role's stamp and the deployment's inputs) and the stages from preflight to serve run no task on any
+    host; verify's checks still run on the head. changed=0 alone would also hold for a slow re-run."""
     first, second = tasks_run(deployment.first), tasks_run(deployment.second)
-    converging = [key for key in first if key.split("/")[0] in ("nodes", "artifacts", "cluster", "serve")]
-    assert len(converging) == 12
-    slow = {key: (second[key], first[key]) for key in converging if second[key] * 2 > first[key]}
-    assert slow == {}, f"tasks (second deploy, first deploy) where a role did not skip its converge: {slow}"
+    skipped = {s.name: (s.in_sync, len(s.hosts)) for s in deployment.second.stages}
+    assert {name: skipped[name] for name in ("nodes", "artifacts", "cluster", "serve")} == dict.fromkeys(
+        ("nodes", "artifacts", "cluster", "serve"), (True, 0)
+    ), skipped
+    checks = {key: count for key, count in second.items() if key.startswith("preflight/")}
+    assert len(checks) == 3 and max(checks.values()) <= 3, checks  # the check, the digest, the group
+    assert [key for key in second if key.startswith("verify/")] == ["verify/node1"]
+    assert second["verify/node1"] <= first["verify/node1"]
 
 
 def test_a_drifted_node_is_put_back_and_only_its_role_converges(
@@ -165,6 +170,24 @@ def test_a_drifted_node_is_put_back_and_only_its_role_converges(
     again = deploy(deployment.inventory, stages=["nodes"])
     assert again.ok and again.changed == 0, failures(again)
     assert tasks_run(again)["nodes/node2"] < tasks_run(report)["nodes/node2"] / 2  # skipped again
+
+
+def test_a_drift_on_one_node_makes_the_whole_deploy_check_every_role_and_converge_only_there(
+    lab: RunningLab, deployment: Deployment, installed_gpufleet: Path, tmp_path: Path
+) -> None:
+    """The fast path gives way when one node differs: node3's fleet check names what, every stage runs,
+    each role's own check converges only what drifted (the docker role on node3), and the next run is fast."""
+    lab.ssh(lab.hosts[2], ["rm", "/etc/sysctl.d/90-docker.conf"])
+    report = deploy_from_wheel(installed_gpufleet, deployment.inventory, deployment.bundle, tmp_path)
+    assert report.ok, failures(report)
+    assert not any(stage.in_sync for stage in report.stages)
+    assert {f"{s.name}/{h.host}": h.changed for s in report.stages for h in s.hosts if h.changed} == {
+        "nodes/node3": 1
+    }
+    assert lab.ssh(lab.hosts[2], ["test", "-s", "/etc/sysctl.d/90-docker.conf"]).returncode == 0
+    again = deploy_from_wheel(installed_gpufleet, deployment.inventory, deployment.bundle, tmp_path)
+    assert again.ok and again.changed == 0, failures(again)
+    assert [s.name for s in again.stages if s.in_sync] == ["nodes", "artifacts", "cluster", "serve"]
 
 
 def test_no_host_sent_anything_beyond_the_lab(deployment: Deployment) -> None:

@@ -134,7 +134,15 @@ def fleet_digest(tmp_path: Path, inventory: str, *extra: str) -> str:
     }
     args = ["-e", f"key_file={tmp_path / 'gpufleet.apikey'}", *[a for value in extra for a in ("-e", value)]]
     done = subprocess.run(
-        [str(ANSIBLE_PLAYBOOK), "-i", str(tmp_path / "hosts.ini"), "-c", "local", str(tmp_path / "fleet.yml"), *args],
+        [
+            str(ANSIBLE_PLAYBOOK),
+            "-i",
+            str(tmp_path / "hosts.ini"),
+            "-c",
+            "local",
+            str(tmp_path / "fleet.yml"),
+            *args,
+        ],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -149,15 +157,18 @@ def fleet_digest(tmp_path: Path, inventory: str, *extra: str) -> str:
 
 @pytest.mark.slow
 def test_the_fleet_digest_follows_every_host_and_the_control_node_files(tmp_path: Path) -> None:
-    """The fast path of a whole deploy (playbooks/fleet_check.yml) skips every stage while this holds: another
-    host's role variable, group membership or the API key's contents must change it; what no role reads must not."""
+    """The fast path of a whole deploy (playbooks/fleet_check.yml) skips every stage while this holds:
+    another host's role variable, group membership or the API key's contents must change it; what no role
+    reads must not."""
     inventory = "[gpu_nodes]\na\nb docker_version=27.5.1 gpufleet_node_ip=10.0.0.2\n[ray_head]\na\n"
     base = fleet_digest(tmp_path, inventory)
     assert len(base) == 64
     assert fleet_digest(tmp_path, inventory) == base
     assert fleet_digest(tmp_path, inventory.replace("27.5.1", "28.0.0")) != base  # a role's input, on b
     assert fleet_digest(tmp_path, inventory.replace("10.0.0.2", "10.0.0.3")) != base  # a fleet variable, on b
-    assert fleet_digest(tmp_path, inventory.replace("[ray_head]\na", "[ray_head]\nb")) != base  # the head moved
+    assert (
+        fleet_digest(tmp_path, inventory.replace("[ray_head]\na", "[ray_head]\nb")) != base
+    )  # the head moved
     assert fleet_digest(tmp_path, inventory + "[extra]\nb\n") != base  # groups are an input
     assert fleet_digest(tmp_path, inventory, "gpufleet_verify=x", "__docker_probe=1", "other_size=5") == base
     (tmp_path / "gpufleet.apikey").write_text("k" * 64)

@@ -194,7 +194,14 @@ def test_the_fleet_check_holds_while_every_role_stamp_holds_and_returns_their_fa
         (lambda n: n.stamp.unlink(), "fleet: docker: no converge recorded"),
         (lambda n: n.module(state="record", digest="e" * 64), "fleet: docker: the role's inputs"),
     ],
-    ids=["role file edited", "role tree grew", "role probe", "node probe", "role stamp gone", "role re-recorded"],
+    ids=[
+        "role file edited",
+        "role tree grew",
+        "role probe",
+        "node probe",
+        "role stamp gone",
+        "role re-recorded",
+    ],
 )
 def test_any_role_drift_fails_the_fleet_check_and_drops_only_the_fleet_stamp(
     recorded: Node, change: Any, named: str
@@ -218,7 +225,10 @@ def test_the_fleet_stamp_is_refused_while_a_role_recorded_nothing(recorded: Node
     stamp = recorded.root / "stamps" / "fleet.json"
     assert stamp.exists()
     done = fleet(recorded, "fleet_record", roles=["docker", "ray_cluster"])
-    assert (done["in_sync"], done["why"]) == (False, "ray_cluster recorded no converge on this node: no fleet stamp")
+    assert (done["in_sync"], done["why"]) == (
+        False,
+        "ray_cluster recorded no converge on this node: no fleet stamp",
+    )
     assert not stamp.exists()  # never one that covers less than it names
 
 

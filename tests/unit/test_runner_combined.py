@@ -175,14 +175,18 @@ def test_only_stages_that_differ_in_their_playbook_share_a_run(project: Path) ->
 
 def test_a_whole_deploy_takes_the_fast_path_and_a_partial_one_does_not(tmp_path: Path) -> None:
     """fleet_check.yml opens preflight and fleet_record.yml closes verify only when every stage runs: with
-    --stages (a part), each role's own check decides, and no fleet stamp is recorded over roles that did not run."""
-    from gpufleet.runner.combined import WHOLE, combined_playbook  # noqa: PLC0415
+    --stages (a part), each role's own check decides, and no fleet stamp covers roles that did not run."""
+    from gpufleet.runner.combined import WHOLE, combined_playbook
 
     books = tmp_path / "playbooks"
 
     def imports(stages: tuple[str, ...]) -> list[str]:
         plays = yaml.safe_load(combined_playbook([(stage, books / f"{stage}.yml") for stage in stages]))
-        return [Path(p["ansible.builtin.import_playbook"]).name for p in plays if "ansible.builtin.import_playbook" in p]
+        return [
+            Path(p["ansible.builtin.import_playbook"]).name
+            for p in plays
+            if "ansible.builtin.import_playbook" in p
+        ]
 
     whole = imports((*WHOLE, "monitoring"))
     assert whole[0] == "fleet_check.yml" and whole[1] == "preflight.yml"

@@ -220,9 +220,9 @@ def _load_with_ansible(path: Path) -> tuple[list[RawHost], list[Problem]]:
     try:
         manager = InventoryManager(loader=loader, sources=[str(path)])
         variables = VariableManager(loader=loader, inventory=manager)
-        # The inventory alone: a persistent fact cache (ansible-runner's jsonfile one, or the user's ansible.cfg)
+        # The inventory alone: a persistent fact cache (ansible-runner's jsonfile, or the user's ansible.cfg)
         # holds the facts of this run's earlier tasks and of earlier runs, which are not inventory variables.
-        variables._fact_cache = _NoFacts()  # noqa: SLF001  (VariableManager takes no cache as an argument)
+        variables._fact_cache = _NoFacts()
     except AnsibleError as error:
         first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise InventoryError(

@@ -31,7 +31,7 @@ from gpufleet.runner.report import StageResult, StageStatus
 MARKER = "gpufleet stage: "
 GATE = "gpufleet stage ended: "
 _FAILED = ("runner_on_failed", "runner_on_unreachable")
-# The stages of a whole deploy, whose fleet stamp lets a re-run that changes nothing skip all but verify's check.
+# The stages of a whole deploy: its fleet stamp lets a re-run that changes nothing skip all but verify.
 WHOLE = ("preflight", "nodes", "artifacts", "cluster", "serve", "verify")
 # fleet_check.yml's last task: it runs (ok) only when every node is in sync, and the stages then have no host.
 FAST_TASK = "Leave every stage but verify out when every node is in sync"
@@ -87,7 +87,9 @@ class CombinedRecorder:
         self._failing: set[str] = set()  # hosts with a failure in the stage (all of them, when no gate ran)
         self._in_gate = False
         self._stopped = False
-        self.in_sync = False  # every node as the last whole deploy left it: the stages but verify have no host
+        self.in_sync = (
+            False  # every node as the last whole deploy left it: the stages but verify have no host
+        )
         # ansible-playbook's words before any stage began (a stage playbook that does not parse)
         self._before = StageRecorder(first)
 

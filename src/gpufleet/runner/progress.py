@@ -28,6 +28,7 @@ from gpufleet.runner.report import (
 )
 from gpufleet.vllm_log import VllmFacts
 
+_FAST = {False: "", True: "; every node as the last deploy left it, so only verify's checks ran"}
 _NO_HOST = {False: "no host matched", True: "every node as the last deploy left it: nothing to do"}
 _COLUMNS = ("ok", "changed", "failed", "skipped")
 _STYLE = {"ok": "green", "failed": "bold red", "canceled": "yellow", "timeout": "yellow", "running": "cyan"}
@@ -196,8 +197,7 @@ def print_deploy_report(console: Console, report: DeployReport) -> None:
     if report.downtime is not None:
         console.print(_downtime(report.downtime))
     outcome = "deployed" + (" (no changes)" if report.changed == 0 and not report.check_mode else "")
-    if any(stage.in_sync for stage in report.stages):
-        outcome += "; every node as the last deploy left it, so only verify's checks ran"
+    outcome += _FAST[any(stage.in_sync for stage in report.stages)]
     if (back := report.rollback) is not None:
         if report.failed_stage in (None, "rollback"):  # gpufleet rollback
             outcome = "rolled back" if back.ok else "the rollback failed"
