@@ -70,7 +70,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 _raw:
-  description: One sha256, 64 lowercase hex digits.
+  description: >-
+    One sha256, 64 lowercase hex digits; with I(fleet=true), a dict of C(digest) and C(parts) (the sha256 of
+    each of trees, hosts, groups, files and extra, of which C(digest) is the sha256).
   type: list
   elements: str
 """
@@ -131,6 +133,10 @@ def tree_digest(root: str) -> str:
     return digest.hexdigest()
 
 
+def _sha256(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def file_digest(path: str) -> str | None:
     try:
         with open(path, "rb") as src:
@@ -140,7 +146,7 @@ def file_digest(path: str) -> str | None:
 
 
 class LookupModule(LookupBase):  # type: ignore[misc]  # ansible-core ships no type information
-    def run(self, terms: list[Any], variables: dict[str, Any] | None = None, **kwargs: Any) -> list[str]:
+    def run(self, terms: list[Any], variables: dict[str, Any] | None = None, **kwargs: Any) -> list[Any]:
         self.set_options(var_options=variables, direct=kwargs)
         variables = variables or {}
         if self.get_option("fleet"):
@@ -165,7 +171,7 @@ class LookupModule(LookupBase):  # type: ignore[misc]  # ansible-core ships no t
         encoded = json.dumps(inputs, sort_keys=True, default=str).encode()
         return [hashlib.sha256(encoded).hexdigest()]
 
-    def _fleet(self, variables: dict[str, Any], terms: tuple[str, ...]) -> str:
+    def _fleet(self, variables: dict[str, Any], terms: tuple[str, ...]) -> dict[str, Any]:
         roles = os.path.join(_COLLECTION, "roles")
         role_names = sorted(os.listdir(roles)) if os.path.isdir(roles) else []
         prefixes = (*terms, "gpufleet_", *(f"{role}_" for role in role_names))
@@ -192,7 +198,8 @@ class LookupModule(LookupBase):  # type: ignore[misc]  # ansible-core ships no t
             "files": {path: file_digest(path) for path in self.get_option("files")},
             "extra": self._plain(self.get_option("extra")),
         }
-        return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
+        parts = {name: _sha256(value) for name, value in inputs.items()}
+        return {"digest": _sha256(parts), "parts": parts}
 
     def _host_value(self, own: Any, name: str) -> Any:
         try:

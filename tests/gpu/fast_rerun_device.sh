@@ -8,7 +8,8 @@
 #  3. again: the check must find the host in sync and skip the converge, and the facts the role publishes,
 #     handed back by the stamp (tests/integration/gpu_preflight_play.yml writes them), must equal nvidia-smi's;
 #  4. an input changed (nvidia_driver_reboot_timeout): the converge must run again, then a further run with that
-#     input is in sync. (The node state cannot be changed here: the GPU, its driver and nvidia-smi are the
+#     input is in sync;
+#  5. the fleet stamp of a whole deploy over that role stamp (see below). (The node state cannot be changed here: the GPU, its driver and nvidia-smi are the
 #     machine's. The lab's end-to-end test puts a drifted file back, tests/unit/test_converged_module.py the rest.)
 # PASS/FAIL lines go to $OUT/summary.txt, everything to $OUT/fast_rerun.log. Exit 1 if a check failed.
 set -u
@@ -75,4 +76,39 @@ play after -- -e nvidia_driver_reboot_timeout=901
 [ "$rc" = 0 ] && [ "$skipped_converge" = 1 ]
 verdict "then in sync again (${secs} s)" $? "$recap"
 cp /var/lib/gpufleet/converged/nvidia_driver.json "$out/stamp.json" 2>/dev/null
+
+# 5. The whole deploy's fleet stamp (playbooks/fleet_check.yml) over the role stamp just recorded: the fleet check
+#    runs the role's GPU commands again from the stamp's spec (nvidia-smi, /proc/driver/nvidia/version, lspci) in
+#    one module call, and must find them in sync and hand back the facts; with the recorded nvidia-smi answer
+#    altered (as a driver upgrade would change it) it must name nvidia_driver and drop the fleet stamp.
+fleet() { # fleet STATE: the module as Ansible runs it (its arguments file); its JSON in /tmp/fleet-out.json, sets $fsecs
+  python3 - "$1" >/tmp/fleet-args.json <<'PY'
+import json, sys
+print(json.dumps({"ANSIBLE_MODULE_ARGS": {"name": "fleet", "state": sys.argv[1], "digest": "f" * 64,
+      "roles": ["nvidia_driver"], "commands": [["uname", "-r", "-m"], ["ip", "-br", "addr"]]}}))
+PY
+  local t0=$(date +%s.%N)
+  python3 plugins/modules/gpufleet_converged.py /tmp/fleet-args.json >/tmp/fleet-out.json
+  fsecs=$(python3 -c "import time; print(round(time.time() - $t0, 2))")
+}
+fleet fleet_record; echo "fleet_record (${fsecs} s): $(cat /tmp/fleet-out.json)"
+fleet fleet_check; checked=$(cat /tmp/fleet-out.json); echo "fleet_check (${fsecs} s): $checked"
+python3 - "$checked" "$installed" <<'PY'
+import json, sys
+result = json.loads(sys.argv[1])
+sys.exit(0 if result["in_sync"] and result["ansible_facts"].get("nvidia_driver_installed_version") == sys.argv[2] else 1)
+PY
+verdict "fleet check over the role's stamp on the real GPU: in sync, facts handed back (${fsecs} s)" $? "$checked"
+python3 - <<'PY'
+import json
+path = "/var/lib/gpufleet/converged/nvidia_driver.json"
+stamp = json.load(open(path))
+key = next(k for k in stamp["state"]["commands"] if "nvidia-smi" in k)
+stamp["state"]["commands"][key] = "0 " + "0" * 64  # what another driver's nvidia-smi would have answered
+json.dump(stamp, open(path, "w"))
+PY
+fleet fleet_check; drifted=$(cat /tmp/fleet-out.json); echo "fleet_check after the recorded nvidia-smi answer changed: $drifted"
+echo "$drifted" | grep -q '"in_sync": false' && echo "$drifted" | grep -q 'fleet: nvidia_driver: ' \
+  && [ ! -e /var/lib/gpufleet/converged/fleet.json ]
+verdict "fleet check after nvidia-smi's answer differs: not in sync, names nvidia_driver, fleet stamp dropped" $? "$drifted"
 exit $failed

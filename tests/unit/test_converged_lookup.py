@@ -124,7 +124,7 @@ def fleet_digest(tmp_path: Path, inventory: str, *extra: str) -> str:
     (tmp_path / "fleet.yml").write_text(
         "- hosts: a\n  gather_facts: false\n  tasks:\n"
         "    - ansible.builtin.debug:\n"
-        "        msg: \"DIGEST={{ lookup('gpufleet_inputs', fleet=true, files=[key_file]) }}\"\n"
+        "        msg: \"DIGEST={{ lookup('gpufleet_inputs', fleet=true, files=[key_file]).digest }}\"\n"
     )
     env = {
         **os.environ,

@@ -10,6 +10,10 @@ stages as one playbook that imports each stage's playbook between two plays of i
   unreachable in the stage, it fails and names them, and a failed run_once task fails every host, so no later
   play runs on any host: the run stops after a failed stage, as separate runs did.
 
+A whole deploy (every stage of :data:`WHOLE`) also opens preflight with ``fleet_check.yml`` and closes verify
+with ``fleet_record.yml``, as site.yml does: when every node is still as the last whole deploy left it, the
+stage plays have no host, and the recorder marks those stages ``in_sync``.
+
 :class:`CombinedRecorder` splits the events at the markers into one :class:`StageRecorder` per stage and ends
 each stage with the gate's verdict (Ansible's recap covers the whole run, so the hosts the gate names are
 what makes a host's last failure the one that ended it).
