@@ -240,3 +240,33 @@ def test_check_mode_neither_drops_nor_writes_the_fleet_stamp(recorded: Node) -> 
     stamp.unlink()
     fleet(recorded, "fleet_record", check=True)
     assert not stamp.exists()
+
+
+def test_the_fleet_check_runs_as_a_script_without_ansible_and_answers_as_the_module(recorded: Node) -> None:
+    """playbooks/fleet_check.yml runs the module's copy on the node without Ansible's wrapper (action plugin
+    gpufleet_converged): with no site-packages at all (-S: no ansible to import) it must answer as the module
+    does, in sync with the facts, then name a drift and drop the fleet stamp."""
+    kernel = recorded.root / "kernel"
+
+    def script() -> dict[str, Any]:
+        params = {
+            "digest": FLEET,
+            "roles": ["docker"],
+            "commands": [["cat", str(kernel)]],
+            "root": str(recorded.root / "stamps"),
+        }
+        argv = [sys.executable, "-I", "-S", str(MODULE), "--fleet-check", json.dumps(params)]
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stderr
+        answer: dict[str, Any] = json.loads(done.stdout)
+        return answer
+
+    module = fleet(recorded)
+    assert script() == {key: module[key] for key in ("changed", "in_sync", "why", "ansible_facts")}
+    recorded.probe.write_text("sha256:cccc\n")
+    drifted = script()
+    assert (drifted["in_sync"], drifted["why"]) == (
+        False,
+        f"fleet: docker: `cat {recorded.probe}` answers differently than after the last converge",
+    )
+    assert not (recorded.root / "stamps" / "fleet.json").exists()
