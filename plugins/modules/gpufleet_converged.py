@@ -334,7 +334,7 @@ def script_main(arguments: str) -> None:
         result = {"changed": False, **fleet_check(node)}  # a SimpleNamespace: params and check_mode suffice
     except OSError as problem:
         result = {"failed": True, "msg": f"{os.uname().nodename}: {problem} (stamp {stamp_path(params)})"}
-    print(json.dumps(result))
+    sys.stdout.write(json.dumps(result) + "\n")  # the action plugin reads it (not a module: no exit_json)
 
 
 def main() -> None:
