@@ -117,11 +117,11 @@ def test_the_first_deploy_runs_every_stage(deployment: Deployment) -> None:
     report = deployment.first
     assert report.ok, failures(report)
     assert [stage.name for stage in report.stages] == list(STAGES)
-    # verify's checks run on the head, then every node records its revision; serve on every node (the
-    # workers' tasks skip with the Ray executor)
+    # verify's checks run on the head, then every node records its revision and installs the fleet check
+    # (playbooks/fleet_record.yml); serve on every node (the workers' tasks skip with the Ray executor)
     assert {stage.name: len(stage.hosts) for stage in report.stages} == dict.fromkeys(STAGES, 3)
     verify = next(stage for stage in report.stages if stage.name == "verify")
-    assert {host.host: host.changed for host in verify.hosts} == dict.fromkeys(["node1", "node2", "node3"], 1)
+    assert {host.host: host.changed for host in verify.hosts} == dict.fromkeys(["node1", "node2", "node3"], 2)
     assert report.changed > 0
 
 
