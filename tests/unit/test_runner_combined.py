@@ -179,6 +179,7 @@ def test_a_whole_deploy_takes_the_fast_path_and_a_partial_one_does_not(tmp_path:
     from gpufleet.runner.combined import WHOLE, combined_playbook
 
     books = tmp_path / "playbooks"
+    books.mkdir()
 
     def imports(stages: tuple[str, ...]) -> list[str]:
         plays = yaml.safe_load(combined_playbook([(stage, books / f"{stage}.yml") for stage in stages]))
@@ -188,6 +189,9 @@ def test_a_whole_deploy_takes_the_fast_path_and_a_partial_one_does_not(tmp_path:
             if "ansible.builtin.import_playbook" in p
         ]
 
+    assert "fleet_check.yml" not in imports(WHOLE)  # a project without the fleet playbooks (project_dir)
+    (books / "fleet_check.yml").touch()
+    (books / "fleet_record.yml").touch()
     whole = imports((*WHOLE, "monitoring"))
     assert whole[0] == "fleet_check.yml" and whole[1] == "preflight.yml"
     assert whole[whole.index("verify.yml") + 1] == "fleet_record.yml"

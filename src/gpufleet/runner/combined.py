@@ -47,7 +47,12 @@ def combined_playbook(stages: Sequence[tuple[str, Path]]) -> str:
     (every stage of :data:`WHOLE`) also takes the fast path as site.yml does: fleet_check.yml at the start of
     preflight, fleet_record.yml at the end of verify."""
     gone = "ansible_play_hosts_all | difference(ansible_play_hosts)"
-    whole = set(WHOLE) <= {stage for stage, _ in stages}
+    # (a project of its own, project_dir, may have no fleet playbooks: its stages run as they are)
+    whole = set(WHOLE) <= {stage for stage, _ in stages} and all(
+        (playbook.parent / name).is_file()
+        for _, playbook in stages[:1]
+        for name in ("fleet_check.yml", "fleet_record.yml")
+    )
     plays: list[dict[str, Any]] = []
     for stage, playbook in stages:
         imports = [playbook]
