@@ -77,17 +77,17 @@ def project(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def digest(project: Path, *extra: str) -> str:
+def printed_digest(argv: list[str], env: dict[str, str]) -> str:
+    """The DIGEST= line an ansible-playbook run printed (run from the repository, lookups from plugins/)."""
     env = {
         **os.environ,
         "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_ROLES_PATH": str(project / "roles"),
         "ANSIBLE_LOOKUP_PLUGINS": str(REPO / "plugins/lookup"),
         "ANSIBLE_NOCOLOR": "1",
+        **env,
     }
-    args = [arg for value in extra for arg in ("-e", value)]
     done = subprocess.run(
-        [str(ANSIBLE_PLAYBOOK), "-i", "localhost,", "-c", "local", str(project / "play.yml"), *args],
+        [str(ANSIBLE_PLAYBOOK), *argv],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -98,6 +98,12 @@ def digest(project: Path, *extra: str) -> str:
     assert done.returncode == 0, done.stdout + done.stderr
     [line] = [line for line in done.stdout.splitlines() if "DIGEST=" in line]
     return line.split("DIGEST=")[1].strip().strip('"')
+
+
+def digest(project: Path, *extra: str) -> str:
+    args = [arg for value in extra for arg in ("-e", value)]
+    argv = ["-i", "localhost,", "-c", "local", str(project / "play.yml"), *args]
+    return printed_digest(argv, {"ANSIBLE_ROLES_PATH": str(project / "roles")})
 
 
 @pytest.mark.slow
@@ -126,33 +132,10 @@ def fleet_digest(tmp_path: Path, inventory: str, *extra: str) -> str:
         "    - ansible.builtin.debug:\n"
         "        msg: \"DIGEST={{ lookup('gpufleet_inputs', fleet=true, files=[key_file]).digest }}\"\n"
     )
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_LOOKUP_PLUGINS": str(REPO / "plugins/lookup"),
-        "ANSIBLE_NOCOLOR": "1",
-    }
     args = ["-e", f"key_file={tmp_path / 'gpufleet.apikey'}", *[a for value in extra for a in ("-e", value)]]
-    done = subprocess.run(
-        [
-            str(ANSIBLE_PLAYBOOK),
-            "-i",
-            str(tmp_path / "hosts.ini"),
-            "-c",
-            "local",
-            str(tmp_path / "fleet.yml"),
-            *args,
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    return printed_digest(
+        ["-i", str(tmp_path / "hosts.ini"), "-c", "local", str(tmp_path / "fleet.yml"), *args], {}
     )
-    assert done.returncode == 0, done.stdout + done.stderr
-    [line] = [line for line in done.stdout.splitlines() if "DIGEST=" in line]
-    return line.split("DIGEST=")[1].strip().strip('"')
 
 
 @pytest.mark.slow

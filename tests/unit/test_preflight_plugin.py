@@ -14,24 +14,28 @@ from .conftest import PROD_INVENTORY, REPO, InventoryFactory
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 
 
-def run_validate_tag(inventory: Path) -> subprocess.CompletedProcess[str]:
-    # Only the delegated validation task runs (tag `preflight_validate`): no host is contacted.
-    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+def ansible_playbook(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    environment = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+        "ANSIBLE_NOCOLOR": "1",
+        **(env or {}),
+    }
     return subprocess.run(
-        [
-            str(ANSIBLE_PLAYBOOK),
-            str(REPO / "playbooks" / "preflight.yml"),
-            "-i",
-            str(inventory),
-            "--tags",
-            "preflight_validate",
-        ],
+        [str(ANSIBLE_PLAYBOOK), *args],
         cwd=REPO,
-        env=env,
+        env=environment,
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
+    )
+
+
+def run_validate_tag(inventory: Path) -> subprocess.CompletedProcess[str]:
+    # Only the delegated validation task runs (tag `preflight_validate`): no host is contacted.
+    return ansible_playbook(
+        str(REPO / "playbooks" / "preflight.yml"), "-i", str(inventory), "--tags", "preflight_validate"
     )
 
 
@@ -67,22 +71,11 @@ def test_facts_of_the_run_so_far_are_not_taken_for_inventory_variables(tmp_path:
         "    - gpufleet_validate:\n      run_once: true\n      delegate_to: localhost\n"
     )
     env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_NOCOLOR": "1",
         "GPUFLEET_CACHE_DIR": str(tmp_path / "cache"),  # read through Ansible, not a cached earlier reading
         # a persistent fact cache, as ansible-runner (gpufleet deploy) sets one
         "ANSIBLE_CACHE_PLUGIN": "jsonfile",
         "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp_path / "facts"),
     }
-    done = subprocess.run(
-        [str(ANSIBLE_PLAYBOOK), str(playbook), "-i", str(PROD_INVENTORY)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = ansible_playbook(str(playbook), "-i", str(PROD_INVENTORY), env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "gpufleet does not know" not in done.stdout
