@@ -16,8 +16,8 @@ from typing import Any
 
 from ansible.plugins.action import ActionBase
 
-SCRIPT = "/usr/local/libexec/gpufleet-converged"  # the module's SCRIPT (it cannot be imported from here)
-SCRIPT_FLAG = "--fleet-check"
+SCRIPT = "/usr/local/libexec/gpufleet-converged"  # where playbooks/fleet_record.yml installs the module
+SCRIPT_FLAG = "--fleet-check"  # the module's own (it cannot be imported from here)
 PARAMS = ("name", "digest", "roles", "files", "trees", "units", "commands", "root")
 
 

@@ -154,13 +154,7 @@ class LookupModule(LookupBase):  # type: ignore[misc]  # ansible-core ships no t
         role_path = variables.get("role_path")
         if not role_path:
             raise AnsibleError("gpufleet_inputs: call it from inside a role (role_path is not set)")
-        prefixes = tuple(str(term) for term in terms)
-        excluded = {*RUN_TIME_FACTS, *self.get_option("exclude")}
-        names = sorted(
-            name
-            for name in variables
-            if name.startswith(prefixes) and not name.startswith("__") and name not in excluded
-        )
+        names = self._input_names(variables, tuple(str(term) for term in terms))
         values = {name: self._value(variables, name) for name in names}
         inputs = {
             "role": tree_digest(str(role_path)),
@@ -175,7 +169,6 @@ class LookupModule(LookupBase):  # type: ignore[misc]  # ansible-core ships no t
         roles = os.path.join(_COLLECTION, "roles")
         role_names = sorted(os.listdir(roles)) if os.path.isdir(roles) else []
         prefixes = (*terms, "gpufleet_", *(f"{role}_" for role in role_names))
-        excluded = {*RUN_TIME_FACTS, *self.get_option("exclude")}
         groups = {
             name: sorted(hosts) for name, hosts in variables.get("groups", {}).items() if name != FAST_GROUP
         }
@@ -183,10 +176,7 @@ class LookupModule(LookupBase):  # type: ignore[misc]  # ansible-core ships no t
         hosts: dict[str, Any] = {}
         for host in sorted(self.get_option("hosts") or groups.get("all", [])):
             own = hostvars[host]
-            names = sorted(
-                n for n in own if n.startswith(prefixes) and not n.startswith("__") and n not in excluded
-            )
-            hosts[host] = {name: self._host_value(own, name) for name in names}
+            hosts[host] = {name: self._host_value(own, name) for name in self._input_names(own, prefixes)}
         inputs = {
             "trees": {
                 tree: tree_digest(os.path.join(_COLLECTION, tree))
@@ -200,6 +190,16 @@ class LookupModule(LookupBase):  # type: ignore[misc]  # ansible-core ships no t
         }
         parts = {name: _sha256(value) for name, value in inputs.items()}
         return {"digest": _sha256(parts), "parts": parts}
+
+    def _input_names(self, variables: Any, prefixes: tuple[str, ...]) -> list[str]:
+        """The inputs among ``variables``' names: one of the prefixes, but internals (``__``, registered
+        results) and the facts the roles publish (results, not inputs)."""
+        excluded = {*RUN_TIME_FACTS, *self.get_option("exclude")}
+        return sorted(
+            name
+            for name in variables
+            if name.startswith(prefixes) and not name.startswith("__") and name not in excluded
+        )
 
     def _host_value(self, own: Any, name: str) -> Any:
         try:

@@ -321,7 +321,6 @@ ACTIONS = {"check": check, "record": record, "fleet_check": fleet_check, "fleet_
 # fleet_record.yml installs this file on the node, and the check runs it with its parameters as JSON on the
 # command line. One check per node is the whole of a no-op re-run's per-node work, and the wrapper (unpacking
 # and compiling Ansible's module code on the node) cost 5 times what the check itself does.
-SCRIPT = "/usr/local/libexec/gpufleet-converged"
 SCRIPT_FLAG = "--fleet-check"
 
 

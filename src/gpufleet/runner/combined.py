@@ -37,6 +37,7 @@ GATE = "gpufleet stage ended: "
 _FAILED = ("runner_on_failed", "runner_on_unreachable")
 # The stages of a whole deploy: its fleet stamp lets a re-run that changes nothing skip all but verify.
 WHOLE = ("preflight", "nodes", "artifacts", "cluster", "serve", "verify")
+FLEET_PLAYBOOKS = ("fleet_check.yml", "fleet_record.yml")  # opening the first stage, closing the last
 # fleet_check.yml's last task: it runs (ok) only when every node is in sync, and the stages then have no host.
 FAST_TASK = "Leave every stage but verify out when every node is in sync"
 Facts = dict[str, tuple[str, Any]]
@@ -47,19 +48,16 @@ def combined_playbook(stages: Sequence[tuple[str, Path]]) -> str:
     (every stage of :data:`WHOLE`) also takes the fast path as site.yml does: fleet_check.yml at the start of
     preflight, fleet_record.yml at the end of verify."""
     gone = "ansible_play_hosts_all | difference(ansible_play_hosts)"
+    books = {stage: playbook.parent for stage, playbook in stages}
     # (a project of its own, project_dir, may have no fleet playbooks: its stages run as they are)
-    whole = set(WHOLE) <= {stage for stage, _ in stages} and all(
-        (playbook.parent / name).is_file()
-        for _, playbook in stages[:1]
-        for name in ("fleet_check.yml", "fleet_record.yml")
-    )
+    whole = set(WHOLE) <= set(books) and all((books[WHOLE[0]] / name).is_file() for name in FLEET_PLAYBOOKS)
     plays: list[dict[str, Any]] = []
     for stage, playbook in stages:
         imports = [playbook]
         if whole and stage == WHOLE[0]:
-            imports.insert(0, playbook.parent / "fleet_check.yml")
+            imports.insert(0, books[stage] / FLEET_PLAYBOOKS[0])
         if whole and stage == WHOLE[-1]:
-            imports.append(playbook.parent / "fleet_record.yml")
+            imports.append(books[stage] / FLEET_PLAYBOOKS[1])
         plays += [
             {"name": MARKER + stage, "hosts": "localhost", "gather_facts": False, "tasks": []},
             *({"name": f"Stage {stage}", "ansible.builtin.import_playbook": str(path)} for path in imports),
