@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Debian packages the lab, Molecule and the integration tests need on the control node.
-LAB_PACKAGES := systemd-container debootstrap git-lfs iptables iproute2 openssh-client e2fsprogs
+LAB_PACKAGES := systemd-container debootstrap git-lfs iptables iproute2 openssh-client
 PYTEST_ARGS ?=
 
 .PHONY: demo test test-all lint unit integration molecule venv lab-prereqs lab-stress clean

@@ -35,10 +35,8 @@ def footprint(name: str, index: int) -> dict[str, set[str]]:
     links = set(run(["ip", "-o", "link", "show"]).stdout.split("\n"))
     link_names = {line.split(":")[1].strip().split("@")[0] for line in links if line}
     cgroup_parents = {str(Path(d).parent) for d in lab_host.cgroup_dirs(name, "any")}
-    loops = run(["losetup", "--list", "--noheadings", "--output", "NAME,BACK-FILE"]).stdout.splitlines()
     return {
         "mounts": {m for m in mounts if m.startswith(f"{home}/")},
-        "loops": {line.split()[0] for line in loops if f" {home}/" in line},
         "netns": {
             ns.split()[0] for ns in run(["ip", "netns", "list"]).stdout.splitlines() if f"gfl-{name}-" in ns
         },
@@ -66,9 +64,7 @@ def _processes_under(home: Path) -> set[str]:
     return found
 
 
-NOTHING = {
-    key: set() for key in ("mounts", "loops", "netns", "links", "cgroups", "rules", "processes", "files")
-}
+NOTHING = {key: set() for key in ("mounts", "netns", "links", "cgroups", "rules", "processes", "files")}
 
 
 def test_up_and_down_twice_leave_nothing(own_lab: list[Lab]) -> None:
@@ -78,8 +74,7 @@ def test_up_and_down_twice_leave_nothing(own_lab: list[Lab]) -> None:
         handle.up()
         index = handle.state().index
         during = footprint(handle.name, index)
-        assert len(during["mounts"]) == 4, during["mounts"]  # per host: the root overlay, docker's ext4
-        assert len(during["loops"]) == 2, during["loops"]
+        assert len(during["mounts"]) == 2, during["mounts"]
         assert len(during["netns"]) == 2, during["netns"]
         assert len(during["links"]) == 3, during["links"]  # bridge + one veth per host
         assert all(during.values()), {key: value for key, value in during.items() if not value}
@@ -102,9 +97,7 @@ def test_reset_gives_fresh_hosts_on_the_same_addresses(own_lab: list[Lab]) -> No
     assert after.ips == before.ips
     for host in after.hosts:
         assert handle.ssh(host.name, "test ! -e /root/left-over").returncode == 0
-    after_reset = footprint(handle.name, handle.state().index)
-    assert len(after_reset["mounts"]) == 6, after_reset["mounts"]
-    assert len(after_reset["loops"]) == 3, after_reset["loops"]  # the old hosts' loop devices went with them
+    assert len(footprint(handle.name, handle.state().index)["mounts"]) == 3
 
 
 def test_next_up_cleans_a_crashed_lab(own_lab: list[Lab]) -> None:
@@ -133,21 +126,3 @@ def test_labs_run_side_by_side(lab: RunningLab, own_lab: list[Lab]) -> None:
     assert second.subnet != lab.inventory.subnet
     assert other.ssh("node1", "hostname").stdout.strip() == "node1"
     assert lab.ssh("node1", "hostname").stdout.strip() == "node1"
-
-
-def test_docker_data_is_a_journaled_file_system_per_host(lab: RunningLab) -> None:
-    """Each host's /var/lib/docker is an ext4 of its own with a journal, on a loop device with direct I/O:
-    on this machine's journal-less disk, `docker load` slowed from 35 s to up to 87 s after deletions."""
-    devices = set()
-    for host in lab.lab.state().hosts:
-        inside = lab.ssh(host.hostname, "findmnt --noheadings --output FSTYPE /var/lib/docker")
-        assert inside.stdout.strip() == "ext4", (host.hostname, inside.stdout, inside.stderr)
-        outside = run(["findmnt", "--noheadings", "--output", "SOURCE", str(host.workdir / "docker")])
-        device = outside.stdout.strip()
-        assert device.startswith("/dev/loop"), (host.hostname, device)
-        journal = Path("/sys/fs/ext4", Path(device).name, "journal_task").read_text().strip()
-        assert journal != "<none>", f"{host.hostname}: {device} has no journal"
-        dio = run(["losetup", "--list", "--noheadings", "--output", "DIO", device]).stdout.strip()
-        assert dio == "1", f"{host.hostname}: {device} without direct I/O"
-        devices.add(device)
-    assert len(devices) == len(lab.lab.state().hosts)

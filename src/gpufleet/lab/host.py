@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import signal
 import subprocess
@@ -12,12 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpufleet.lab.system import LabError, file_lock, run, state_root
-
-LOG = logging.getLogger(__name__)
-
-# Each host's /var/lib/docker is an ext4 file system of its own, with a journal, in a sparse file on the
-# machine's disk (see mount_docker_fs). The size is an upper bound, not a reservation.
-DOCKER_FS_SIZE = 64 << 30
 
 
 @dataclass(frozen=True)
@@ -28,7 +21,7 @@ class HostSpec:
     ip: str
     machine: str  # systemd-nspawn machine name; unique across labs (hostnames repeat between labs)
     netns: str
-    workdir: Path  # holds upper/, work/, root/, docker/ (docker.img mounted there), console.log
+    workdir: Path  # holds upper/, work/, root/, docker/, console.log
     cgroups: tuple[str, ...]  # this host's cgroup directory in every hierarchy
 
     @property
@@ -141,38 +134,6 @@ def mount_root(spec: HostSpec, lowerdir: str) -> None:
         (spec.workdir / sub).mkdir(parents=True, exist_ok=True)
     options = f"lowerdir={lowerdir},upperdir={spec.workdir / 'upper'},workdir={spec.workdir / 'work'}"
     run(["mount", "-t", "overlay", "overlay", "-o", options, str(spec.root)])
-    mount_docker_fs(spec)
-
-
-def mount_docker_fs(spec: HostSpec) -> None:
-    """Give the host's /var/lib/docker a fresh journaled ext4 of its own (a sparse loop-mounted file).
-
-    A real server keeps docker's data on a journaled file system. Where the machine's own disk has no
-    journal (this lab machine's ext4 has none), ext4 skips every inode deleted in the last minutes when it
-    allocates a new one, reading each from disk: `docker load` of the 2.9 GB CPU image spent 26 s instead
-    of 5 s creating its 70,000 files after the previous host's files were deleted (benchmarks/results/
-    deploy.md). The file system also makes a host's teardown one file deletion instead of millions.
-    ``noinit_itable``: no background zeroing of the inode tables (a lab host lives minutes). The mount's loop
-    device goes away with the unmount (``-o loop`` sets autoclear).
-    Without loop devices (some containers) the host keeps a plain directory, as before.
-    """
-    image, target = spec.workdir / "docker.img", spec.workdir / "docker"
-    image.unlink(missing_ok=True)
-    try:
-        with image.open("wb") as handle:
-            handle.truncate(DOCKER_FS_SIZE)
-        run(["mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", str(image)])
-        run(["mount", "-o", "loop,discard,noinit_itable", str(image), str(target)])
-    except (LabError, OSError) as exc:
-        image.unlink(missing_ok=True)
-        LOG.warning("lab: %s: /var/lib/docker stays a plain directory (no loop-mounted ext4: %s)",
-                    spec.hostname, exc)  # fmt: skip
-        return
-    # Direct I/O: no second copy of every block in the page cache (measured on 2.7 GB / 70,000 files
-    # extracted and synced: 8.7-9.0 CPU s with it, 10.7-11.9 without). Buffered still works: not fatal.
-    device = run(["findmnt", "--noheadings", "--output", "SOURCE", str(target)], check=False).stdout.strip()
-    if device.startswith("/dev/loop"):
-        run(["losetup", "--direct-io=on", device], check=False)
 
 
 def write_identity(spec: HostSpec, peers: list[tuple[str, str]], *, offline: bool) -> None:
@@ -270,7 +231,6 @@ def kill(spec: HostSpec, timeout: float = 10) -> None:
 def teardown(spec: HostSpec) -> None:
     """Kill, unmount the overlay, remove the netns and cgroups. Safe on a half-built or gone host."""
     kill(spec)
-    _unmount(spec.workdir / "docker")  # a loop mount: the loop device goes with it (autoclear)
     _unmount(spec.root)
     run(["ip", "netns", "del", spec.netns], check=False)
     for directory in spec.cgroups:

@@ -19,7 +19,6 @@ REQUIRED_COMMANDS: dict[str, str] = {
     "ssh": "openssh-client",
     "ssh-keygen": "openssh-client",
     "mount": "mount",
-    "mkfs.ext4": "e2fsprogs",
 }
 
 

@@ -1,0 +1,137 @@
+"""roles/ray_cluster/tasks/wait.yml reads the probe's answer from its last JSON line, whatever came before.
+
+Found by the 12-host benchmark (2026-11-27 17:21): the probe returned rc 0 without a JSON first line, and
+the wait's ``until`` (``stdout | from_json``) raised "Expecting value: line 1 column 1 (char 0)": the task
+failed at its first try instead of waiting, and the message said Ray had not answered "within 300 s". Here
+the role's own expressions, read from wait.yml, are evaluated by ansible-playbook against registered
+results as ``ansible.builtin.command`` returns them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+WAIT = REPO / "roles" / "ray_cluster" / "tasks" / "wait.yml"
+ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
+EXPECTED = [{"host": "node1", "ip": "10.0.0.11", "gpus": 0}, {"host": "node2", "ip": "10.0.0.12", "gpus": 0}]
+ANSWER = {"alive": [{"ip": "10.0.0.11", "cpus": 2, "gpus": 0}], "missing": [], "unknown": []}
+
+
+def tasks() -> dict[str, dict[str, Any]]:
+    block = yaml.safe_load(WAIT.read_text(encoding="utf-8"))[0]
+    return {task["name"]: task for task in block["block"] + block["rescue"]}
+
+
+def evaluate(tmp_path: Path, registered: dict[str, Any], **expressions: str) -> dict[str, Any]:
+    """Each named expression templated by ansible-playbook with ``__ray_cluster_status = registered``."""
+    rescue = tasks()["Read the start of the Ray log of each missing node (its unit's latest run)"]
+    fields = ", ".join(f"'{name}': ({expression})" for name, expression in expressions.items())
+    out = tmp_path / "said.json"
+    play = [
+        {
+            "name": "Evaluate wait.yml's expressions",
+            "hosts": "localhost",
+            "gather_facts": False,
+            "vars": {
+                "__ray_cluster_status": registered,
+                "__ray_cluster_expected": EXPECTED,
+                **rescue["vars"],
+            },
+            "tasks": [
+                {
+                    "name": "Write what each expression gives",
+                    "ansible.builtin.copy": {"content": "{{ {" + fields + "} | to_json }}", "dest": str(out)},
+                }
+            ],
+        }
+    ]
+    playbook = tmp_path / "evaluate.yml"
+    playbook.write_text(yaml.safe_dump(play, width=1000), encoding="utf-8")
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")}
+    run = subprocess.run(
+        [
+            str(ANSIBLE_PLAYBOOK),
+            "-i",
+            "localhost,",
+            "-c",
+            "local",
+            "-e",
+            f"ansible_python_interpreter={sys.executable}",
+            str(playbook),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    said: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+    return said
+
+
+def registered(rc: int, stdout: str, stderr: str = "") -> dict[str, Any]:
+    return {
+        "rc": rc,
+        "stdout": stdout,
+        "stdout_lines": stdout.splitlines(),
+        "stderr": stderr,
+        "stderr_lines": stderr.splitlines(),
+    }
+
+
+def until() -> str:
+    return " ".join(tasks()["Ask Ray, in the head's container, which nodes are alive"]["until"].split())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("rc", "stdout", "done"),
+    [
+        (0, "", False),  # the probe printed nothing: wait and ask again (raised before)
+        (0, "a warning on stdout\n" + json.dumps(ANSWER), True),  # raised before: not JSON at line 1
+        (0, json.dumps(ANSWER | {"missing": [EXPECTED[1] | {"why": "not registered"}]}), False),
+        (1, "", False),
+    ],
+)
+def test_the_wait_reads_the_last_json_line(tmp_path: Path, rc: int, stdout: str, done: bool) -> None:
+    said = evaluate(tmp_path, registered(rc, stdout), until=until())
+    assert said["until"] is done
+
+
+@pytest.mark.slow
+def test_the_alive_nodes_come_from_the_answer_after_other_output(tmp_path: Path) -> None:
+    record = tasks()["Record the cluster as Ray reports it"]["ansible.builtin.set_fact"][
+        "ray_cluster_alive_nodes"
+    ]
+    said = evaluate(
+        tmp_path,
+        registered(0, "2026-11-27 WARNING something\n" + json.dumps(ANSWER)),
+        alive=record.strip().removeprefix("{{").removesuffix("}}"),
+    )
+    assert said["alive"] == ANSWER["alive"]
+
+
+@pytest.mark.slow
+def test_a_silent_probe_names_every_node_with_what_docker_exec_said(tmp_path: Path) -> None:
+    said = evaluate(
+        tmp_path,
+        registered(1, "", "Error response from daemon: container is restarting"),
+        missing="__ray_cluster_missing",
+    )
+    assert [entry["host"] for entry in said["missing"]] == ["node1", "node2"]
+    assert all(
+        entry["why"] == "the probe gave no answer (docker exec rc=1: Error response from daemon: "
+        "container is restarting)"
+        for entry in said["missing"]
+    ), said["missing"]
