@@ -81,8 +81,10 @@ def evaluate(tmp_path: Path, registered: dict[str, Any], **expressions: str) -> 
 
 
 def registered(rc: int, stdout: str, stderr: str = "") -> dict[str, Any]:
+    """As ansible.builtin.command registers it (msg is '' on exit 0)."""
     return {
         "rc": rc,
+        "msg": "" if rc == 0 else "non-zero return code",
         "stdout": stdout,
         "stdout_lines": stdout.splitlines(),
         "stderr": stderr,
@@ -101,6 +103,7 @@ def until() -> str:
         (0, "", False),  # the probe printed nothing: wait and ask again (raised before)
         (0, "a warning on stdout\n" + json.dumps(ANSWER), True),  # raised before: not JSON at line 1
         (0, json.dumps(ANSWER | {"missing": [EXPECTED[1] | {"why": "not registered"}]}), False),
+        (0, "{'a Python dict': 'printed by something else'}\n{\"cut off", False),  # not the probe's line
         (1, "", False),
     ],
 )
@@ -135,3 +138,22 @@ def test_a_silent_probe_names_every_node_with_what_docker_exec_said(tmp_path: Pa
         "container is restarting)"
         for entry in said["missing"]
     ), said["missing"]
+
+
+@pytest.mark.slow
+def test_a_probe_that_exits_0_without_an_answer_says_so(tmp_path: Path) -> None:
+    said = evaluate(tmp_path, registered(0, "", ""), missing="__ray_cluster_missing")
+    assert {entry["why"] for entry in said["missing"]} == {
+        "the probe gave no answer (docker exec rc=0: no output)"
+    }, said["missing"]
+
+
+@pytest.mark.slow
+def test_the_probe_s_own_reasons_are_kept_when_it_answered(tmp_path: Path) -> None:
+    answer = ANSWER | {
+        "missing": [EXPECTED[1] | {"why": "not registered with Ray under its gpufleet_node_ip"}]
+    }
+    said = evaluate(
+        tmp_path, registered(0, "a warning\n" + json.dumps(answer)), missing="__ray_cluster_missing"
+    )
+    assert said["missing"] == answer["missing"]
