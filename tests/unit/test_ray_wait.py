@@ -10,8 +10,6 @@ results as ``ansible.builtin.command`` returns them.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,9 +17,10 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.unit.test_preflight_plugin import ansible_playbook
+
 REPO = Path(__file__).resolve().parents[2]
 WAIT = REPO / "roles" / "ray_cluster" / "tasks" / "wait.yml"
-ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 EXPECTED = [{"host": "node1", "ip": "10.0.0.11", "gpus": 0}, {"host": "node2", "ip": "10.0.0.12", "gpus": 0}]
 ANSWER = {"alive": [{"ip": "10.0.0.11", "cpus": 2, "gpus": 0}], "missing": [], "unknown": []}
 
@@ -56,25 +55,9 @@ def evaluate(tmp_path: Path, registered: dict[str, Any], **expressions: str) -> 
     ]
     playbook = tmp_path / "evaluate.yml"
     playbook.write_text(yaml.safe_dump(play, width=1000), encoding="utf-8")
-    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")}
-    run = subprocess.run(
-        [
-            str(ANSIBLE_PLAYBOOK),
-            "-i",
-            "localhost,",
-            "-c",
-            "local",
-            "-e",
-            f"ansible_python_interpreter={sys.executable}",
-            str(playbook),
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    run = ansible_playbook(
+        "-i", "localhost,", "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}", str(playbook)
+    )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     said: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
     return said
