@@ -25,13 +25,19 @@ EXPECTED = [{"host": "node1", "ip": "10.0.0.11", "gpus": 0}, {"host": "node2", "
 ANSWER = {"alive": [{"ip": "10.0.0.11", "cpus": 2, "gpus": 0}], "missing": [], "unknown": []}
 
 
+def wait_block() -> dict[str, Any]:
+    block: dict[str, Any] = yaml.safe_load(WAIT.read_text(encoding="utf-8"))[0]
+    return block
+
+
 def tasks() -> dict[str, dict[str, Any]]:
-    block = yaml.safe_load(WAIT.read_text(encoding="utf-8"))[0]
+    block = wait_block()
     return {task["name"]: task for task in block["block"] + block["rescue"]}
 
 
 def evaluate(tmp_path: Path, registered: dict[str, Any], **expressions: str) -> dict[str, Any]:
-    """Each named expression templated by ansible-playbook with ``__ray_cluster_status = registered``."""
+    """Each named expression templated by ansible-playbook with ``__ray_cluster_status = registered`` and
+    wait.yml's own block and rescue variables."""
     rescue = tasks()["Read the start of the Ray log of each missing node (its unit's latest run)"]
     fields = ", ".join(f"'{name}': ({expression})" for name, expression in expressions.items())
     out = tmp_path / "said.json"
@@ -43,6 +49,7 @@ def evaluate(tmp_path: Path, registered: dict[str, Any], **expressions: str) -> 
             "vars": {
                 "__ray_cluster_status": registered,
                 "__ray_cluster_expected": EXPECTED,
+                **wait_block()["vars"],
                 **rescue["vars"],
             },
             "tasks": [
