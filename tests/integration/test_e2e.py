@@ -153,6 +153,52 @@ def test_the_second_deploy_checks_each_node_once_and_skips_every_stage_but_verif
     assert second["verify/node1"] <= first["verify/node1"]
 
 
+# Runs on a node (python3 - on stdin): the fleet check's copy of gpufleet_converged answers each docker CLI
+# question the roles fingerprint from dockerd's API; print what it says and what the CLI itself says.
+_DOCKER_ANSWERS = r"""
+import hashlib, importlib.machinery, importlib.util, json, subprocess
+loader = importlib.machinery.SourceFileLoader("converged", "/usr/local/libexec/gpufleet-converged")
+spec = importlib.util.spec_from_loader("converged", loader)
+converged = importlib.util.module_from_spec(spec)
+loader.exec_module(converged)
+ids = ["docker", "image", "inspect", "--format", "{{.Id}}"]
+questions = [
+    ids + ["gpufleet/busybox:1.35.0", "gpufleet/vllm-cpu:0.32.0"],
+    ["/usr/local/bin/docker"] + ids[1:] + ["gpufleet/vllm-cpu:0.32.0"],
+    ids + ["gpufleet/absent:0", "gpufleet/busybox:1.35.0"],
+    ["docker", "info", "--format", "{{json .Runtimes}}"],
+]
+for argv in questions:
+    api = converged.docker_answer(argv)
+    cli = subprocess.run(argv, capture_output=True, check=False)
+    print(json.dumps({
+        "argv": " ".join(argv[1:]),
+        "api": None if api is None else [api[0], api[1].decode()],
+        "cli": [cli.returncode, cli.stdout.decode()],
+        "state": converged.command_state(argv),
+        "cli_state": "%d %s" % (cli.returncode, hashlib.sha256(cli.stdout).hexdigest()),
+    }))
+"""
+
+
+def test_the_fleet_check_reads_dockers_answers_from_its_api_as_the_cli_gives_them(
+    lab: RunningLab, deployment: Deployment
+) -> None:
+    """Issue 15: the fleet check asks dockerd over its socket instead of running the docker CLI (a third of
+    its cost on a node); the answer must be the CLI's byte for byte, present, missing and runtimes alike, or
+    stamps recorded one way would not hold the other (a needless converge, or a drift not seen)."""
+    ran = lab.lab.ssh(lab.hosts[1], ["python3", "-"], stdin=_DOCKER_ANSWERS)
+    assert ran.returncode == 0, ran.stderr
+    answers = [json.loads(line) for line in ran.stdout.splitlines()]
+    assert len(answers) == 4, ran.stdout
+    for answer in answers:
+        assert answer["api"] is not None, f"{answer['argv']}: the CLI ran, not the API"
+        assert answer["api"] == answer["cli"], answer
+        assert answer["state"] == answer["cli_state"], answer
+    assert answers[2]["cli"][0] == 1 and answers[2]["cli"][1].startswith("sha256:"), answers[2]
+    assert '"runc"' in answers[3]["cli"][1], answers[3]
+
+
 def test_a_drifted_node_is_put_back_and_only_its_role_converges(
     lab: RunningLab, deployment: Deployment
 ) -> None:
