@@ -8,6 +8,8 @@ size, mtime, ctime) keeps the check fast on every run without trusting a file th
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.bundle.lock import Lock, lock_entry, write_lock
-from gpufleet.bundle.verified import verify_cached
+from gpufleet.bundle.verified import _cache_file, file_sha256, verify_cached
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
@@ -58,6 +60,35 @@ def test_a_file_rewritten_with_the_same_size_and_mtime_is_hashed_again(bundle: P
     assert checked.hashed == 1 and checked.trusted == 1
     assert [p.split(":")[0] for p in checked.problems] == ["docker/docker.tgz"], checked.problems
     assert "corrupt: sha256" in checked.problems[0]
+
+
+def test_a_file_the_bundle_check_matched_is_not_read_again_and_any_other_is(
+    bundle: Path, tmp_path: Path
+) -> None:
+    """file_sha256 (lookup gpufleet_sha256: image_distribution's check of its archives before sending, issue
+    15) takes the sha256 from the bundle check's cache only for the very file it matched. Proof that the cache
+    is what answers: a cache entry naming another sha256 for the same identity is returned as it is; once the
+    file is rewritten (size and mtime kept), the bytes are read again."""
+    cache = tmp_path / "cache"
+    target = bundle / "docker" / "docker.tgz"
+    real = hashlib.sha256(target.read_bytes()).hexdigest()
+    assert file_sha256(target, root=bundle, cache=cache) == real  # no cache yet: hashed
+    verify_cached(bundle, cache=cache)
+    cached = _cache_file(bundle, cache)
+    entries = json.loads(cached.read_text())
+    entries["files"]["docker/docker.tgz"][-1] = "c" * 64
+    cached.write_text(json.dumps(entries))
+    assert file_sha256(target, root=bundle, cache=cache) == "c" * 64
+    assert file_sha256(target, cache=cache) == real  # no bundle named: always read
+    before = target.stat()
+    with target.open("r+b") as out:
+        out.write(b"X")
+    os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert file_sha256(target, root=bundle, cache=cache) == hashlib.sha256(target.read_bytes()).hexdigest()
+    outside = tmp_path / "elsewhere.tar"
+    outside.write_bytes(b"image")
+    assert file_sha256(outside, root=bundle, cache=cache) == hashlib.sha256(b"image").hexdigest()
+    assert file_sha256(tmp_path / "absent.tar", root=bundle, cache=cache) == ""
 
 
 def test_missing_and_extra_files_are_named_as_bundle_verify_names_them(bundle: Path, tmp_path: Path) -> None:

@@ -95,3 +95,29 @@ def verify_cached(root: Path, *, cache: Path | None = None, lock: Lock | None = 
     except OSError:
         pass  # no cache: the next run hashes again, nothing else changes
     return Verified(sorted(problems), hashed, trusted, round(time.monotonic() - began, 3))
+
+
+def file_sha256(path: Path, *, root: Path | None = None, cache: Path | None = None) -> str:
+    """``path``'s sha256, read from the disk, or from bundle ``root``'s cache when the last verification
+    (:func:`verify_cached`, the preflight's) matched this very file: the same identity, so the same bytes.
+    "" when there is no such file. The image_distribution role's check of its archives before sending."""
+    try:
+        identity = _identity(path)
+    except OSError:
+        return ""
+    if root is not None:
+        try:
+            rel = path.resolve().relative_to(root.resolve()).as_posix()
+        except ValueError:
+            rel = ""
+        entry = _load(_cache_file(root, cache or cache_dir())).get(rel) if rel else None
+        if isinstance(entry, list) and entry[:-1] == identity and isinstance(entry[-1], str):
+            return entry[-1]
+    digest = hashlib.sha256()
+    try:
+        with path.open("rb") as data:
+            while chunk := data.read(1 << 20):
+                digest.update(chunk)
+    except OSError:
+        return ""
+    return digest.hexdigest()
