@@ -245,7 +245,7 @@ def docker_get(path: str) -> Any:
         chunks = []
         while chunk := conn.recv(65536):
             chunks.append(chunk)
-    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+    head, _sep, body = b"".join(chunks).partition(b"\r\n\r\n")
     status = head.split(b"\r\n", 1)[0].split()
     if len(status) < 2 or status[1] not in (b"200", b"404"):
         raise ValueError(f"dockerd answered {head[:80]!r}")
