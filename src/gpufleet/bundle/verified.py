@@ -19,7 +19,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufleet.bundle.lock import LOCK_NAME, Lock, LockError, bundle_files, check_file, inside, read_lock
+from gpufleet.bundle.lock import (
+    LOCK_NAME,
+    Lock,
+    LockError,
+    bundle_files,
+    check_file,
+    inside,
+    read_lock,
+    sha256_file,
+)
 
 Identity = list[int]
 
@@ -113,11 +122,7 @@ def file_sha256(path: Path, *, root: Path | None = None, cache: Path | None = No
         entry = _load(_cache_file(root, cache or cache_dir())).get(rel) if rel else None
         if isinstance(entry, list) and entry[:-1] == identity and isinstance(entry[-1], str):
             return entry[-1]
-    digest = hashlib.sha256()
     try:
-        with path.open("rb") as data:
-            while chunk := data.read(1 << 20):
-                digest.update(chunk)
+        return sha256_file(path)
     except OSError:
         return ""
-    return digest.hexdigest()
