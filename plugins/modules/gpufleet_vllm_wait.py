@@ -24,7 +24,12 @@ options:
   served_model: {type: str, required: true, description: The name /v1/models must list.}
   unit: {type: str, required: true, description: The systemd unit that runs vLLM.}
   timeout: {type: int, default: 1800, description: Seconds to wait in all.}
-  interval: {type: int, default: 5, description: Seconds between polls.}
+  interval:
+    type: int
+    default: 1
+    description:
+      - Seconds between polls (each one HTTP request and one systemctl show).
+      - The wait ends at most this long after vLLM lists the model.
   max_restarts: {type: int, default: 2, description: Restarts of the unit that end the wait (0 = never).}
 """
 
@@ -133,7 +138,7 @@ def main() -> None:
             "served_model": {"type": "str", "required": True},
             "unit": {"type": "str", "required": True},
             "timeout": {"type": "int", "default": 1800},
-            "interval": {"type": "int", "default": 5},
+            "interval": {"type": "int", "default": 1},
             "max_restarts": {"type": "int", "default": 2},
         },
         supports_check_mode=True,

@@ -51,12 +51,17 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return work / "bundle"
 
 
-def run_role(lab: RunningLab, tmp: Path, bundle: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+def run_role(
+    lab: RunningLab, tmp: Path, bundle: Path, *extra: str, relay_all: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """The role on every lab host. The test archives are small: relay_all relays them all the same
+    (image_distribution_chain_min_bytes=0), since the relay is what most of these tests are about."""
     playbook = tmp / "image_distribution.yml"
     playbook.write_text(
         "- hosts: gpu_nodes\n  gather_facts: false\n  roles:\n    - role: image_distribution\n"
     )
-    return lab.playbook(playbook, "-e", f"gpufleet_bundle_dir={bundle}", *extra)
+    relay = ("-e", "image_distribution_chain_min_bytes=0") if relay_all else ()
+    return lab.playbook(playbook, "-e", f"gpufleet_bundle_dir={bundle}", *relay, *extra)
 
 
 def image_ids(lab: RunningLab, host: str) -> set[str]:
@@ -132,6 +137,31 @@ def test_direct_strategy_also_loads_missing_images(
     assert result.returncode == 0, result.stdout[-3000:]
     assert len(image_ids(lab, "node3")) == len(COMPRESSIONS)
     assert changed_counts(result.stdout)["node1"] == 0
+
+
+def test_archives_too_small_to_relay_are_copied_over_ssh_without_a_relay_round(
+    lab: RunningLab, first_run: subprocess.CompletedProcess[str], bundle: Path, tmp_path: Path
+) -> None:
+    """With the default image_distribution_chain_min_bytes (32 MiB) the test's small archives are copied to
+    the nodes that lack them, as direct does: no receiver starts and nothing is probed (a relay round costs
+    about 25 tasks whatever the size). Only the nodes that lack an image get it, checked by ID."""
+    lab.ssh("node2", "docker image rm gpufleet/test-gzip:1 gpufleet/test-none:1")
+    lab.ssh("node3", "docker image rm gpufleet/test-zstd:1")
+    result = run_role(lab, tmp_path, bundle, relay_all=False)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "Start a receiver on each node of the chain" not in result.stdout
+    assert "Listen once on the probed node's relay port" not in result.stdout
+    assert said(result.stdout, "nothing to send"), result.stdout[-3000:]
+    copies = task_results(result.stdout, "Copy the archive from the control node to this node")
+    assert {host: copies.get(host, []).count("changed") for host in lab.hosts} == {
+        "node1": 0,
+        "node2": 2,
+        "node3": 1,
+    }, copies
+    expected = {image["id"] for image in yaml.safe_load((bundle / "bundle.lock.yml").read_text())["images"]}
+    for host in lab.hosts:
+        assert image_ids(lab, host) == expected, host
+        assert lab.ssh(host, "ls -A /var/tmp/gpufleet-images").stdout.strip() == ""
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import ansible_mitogen
@@ -175,7 +176,7 @@ def test_runner_arguments_are_built_in_one_place(
         "project_dir": str(project.resolve()),
         "playbook": str(project.resolve() / "playbooks" / "serve.yml"),
         "inventory": str(inventory.resolve()),
-        "extravars": {},
+        "extravars": {"mitogen_ssh_compression": False},
         "limit": "head",
         "cmdline": "--check",
         "envvars": {
@@ -194,6 +195,26 @@ def test_runner_arguments_are_built_in_one_place(
         "cancel_callback": cancel,
         "settings": {"suppress_ansible_output": True, "suppress_output_file": True, "pexpect_timeout": 1},
     }
+
+
+def test_mitogens_ssh_compression_is_off_unless_the_caller_turns_it_on(
+    project: Path, inventory: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mitogen compresses its SSH stream by default: CPU at both ends over a cluster network (the docker
+    tarball's copy to 3 lab nodes, 9.6 s with it, 4.2 s without). The caller's own value wins; Ansible's own
+    strategy gets no mitogen variable."""
+
+    def arguments(extravars: dict[str, object]) -> dict[str, object]:
+        spec = replace(spec_for(project, inventory), extravars=extravars)
+        return runner_arguments(spec, tmp_path / "private", lambda event: False, lambda: False)
+
+    assert arguments({})["extravars"] == {"mitogen_ssh_compression": False}
+    assert arguments({"mitogen_ssh_compression": "true", "x": 1})["extravars"] == {
+        "mitogen_ssh_compression": "true",
+        "x": 1,
+    }
+    monkeypatch.setenv("GPUFLEET_ANSIBLE_STRATEGY", "linear")
+    assert arguments({"x": 1})["extravars"] == {"x": 1}
 
 
 def test_runner_env_passes_only_the_allow_list(project: Path, inventory: Path) -> None:
