@@ -102,8 +102,11 @@ def test_by_default_the_wait_ends_within_a_second_of_the_model_being_listed(tmp_
             served_model="tiny",
             interval=None,
         )
+        after_ready = time.monotonic() - _Starting.ready_at
     finally:
         httpd.shutdown()
 
+    # status 200: the module saw the model listed, so it did not end before ready_at. Polling every 5 s, its
+    # second poll comes 5 s after it started, at least 2.8 s after ready_at; polling every second, about 1 s.
     assert result["why"] == "" and result["status"] == 200, result
-    assert 2.2 <= result["seconds"] < 3.5, result
+    assert after_ready < 2.0, (after_ready, result)
