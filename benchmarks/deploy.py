@@ -2,12 +2,23 @@
 where the time goes (CPU of Ansible on this machine, CPU inside the lab hosts, waiting).
 
     sudo .venv/bin/python benchmarks/deploy.py [--name bench-deploy] [--nodes 3 12] [--noop-runs 2]
-        [--json results.json] [--markdown results.md] [--skip-bundle]
+        [--json results.json] [--markdown results.md] [--skip-bundle] [--artifacts-batch N] [--together]
 
 For each ``--nodes`` count in turn, on its own offline lab of that many hosts (torn down at the end, even on
 failure, before the next count starts): deploys every stage from ``dist/lab-bundle`` (built first by
 ``gpufleet.lab.demo.build_lab_bundle`` if needed), then deploys again ``--noop-runs`` times (the no-op
 re-run: nothing to change).
+
+With ``--together``, every lab stays up: each gets its cold deploy in turn (the first on a machine with no
+other lab), then the no-op re-runs alternate between the labs, round by round, so that this machine's drift
+over a sitting (measured: a 3-host no-op took 10.3 s in one sitting and 7.7 s in the next, on the same code)
+falls on every lab alike instead of on whichever ran later; every lab sits idle beside the others' re-runs. A
+lab whose cold deploy ran its artifacts stage in batches gets one full deploy first, which records the fleet
+stamp the batched stages leave out ("stamp"). Both labs at once need the disk for both: 3 and 12 hosts, with
+``--artifacts-batch 3``, peak at about 60 GB (each host holds 3.4 GB once loaded, 2.9 GB more while loading).
+The CPU the other labs' idle hosts use meanwhile counts on neither side of a stage's figures. The summary
+gives each lab's mean no-op re-run (those with changed=0) and its ratio to the smallest lab's.
+
 The bundle build is timed into a fresh directory (the serving image and the Debian downloads come from
 their caches, as on any machine that built them once) and again with nothing to do; that directory is
 removed afterwards. Every figure is printed with the load average, since this machine is shared.
@@ -62,23 +73,28 @@ def hosts_cpu(lab: Lab) -> float:
 class StageClock:
     """A ProgressSink recording, per stage, wall time, this machine's and the hosts' CPU, and the load."""
 
-    def __init__(self, lab: Lab) -> None:
+    def __init__(self, lab: Lab, others: tuple[Lab, ...] = ()) -> None:
         self.lab = lab
+        self.others = others  # labs up beside it (--together): their hosts' CPU is neither side's
         self.rows: list[dict[str, Any]] = []
-        self._start: tuple[float, float, float] = (0.0, 0.0, 0.0)
+        self._start: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+
+    def _others_cpu(self) -> float:
+        return sum(hosts_cpu(other) for other in self.others)
 
     def stage_started(self, stage: str) -> None:
-        self._start = (time.monotonic(), machine_cpu(), hosts_cpu(self.lab))
+        self._start = (time.monotonic(), machine_cpu(), hosts_cpu(self.lab), self._others_cpu())
 
     def stage_finished(self, result: StageResult) -> None:
-        wall, machine, hosts = self._start
+        wall, machine, hosts, others = self._start
         spent_hosts = hosts_cpu(self.lab) - hosts
+        spent_others = self._others_cpu() - others
         self.rows.append(
             {
                 "stage": result.name,
                 "status": "in sync (skipped)" if result.in_sync else result.status,
                 "wall_s": round(time.monotonic() - wall, 1),
-                "control_cpu_s": round(machine_cpu() - machine - spent_hosts, 1),
+                "control_cpu_s": round(machine_cpu() - machine - spent_hosts - spent_others, 1),
                 "hosts_cpu_s": round(spent_hosts, 1),
                 "changed": sum(host.changed for host in result.hosts),
                 "tasks_per_host": max(
@@ -179,9 +195,98 @@ def run_deploys(name: str, bundle: Path, nodes: int, noop_runs: int, batch: int 
         lab.down()
 
 
+def deploy_once(
+    lab: Lab,
+    inventory: Path,
+    bundle: Path,
+    run: str,
+    *,
+    batch: int | None = None,
+    hosts: list[str] | None = None,
+    others: tuple[Lab, ...] = (),
+) -> dict[str, Any]:
+    """One timed deploy of every stage (a cold one with its artifacts stage ``batch`` ``hosts`` at a time)."""
+    clock = StageClock(lab, others)
+    if run == "cold" and batch and hosts:
+        outcome = cold_in_batches(inventory, bundle, clock, hosts, batch)
+    else:
+        report = deploy(inventory, bundle=bundle, progress=clock)
+        outcome = {"ok": report.ok, "seconds": report.seconds, "changed": report.changed}
+    print(f"{lab.name}, {run}: {outcome['seconds']:.1f} s, changed={outcome['changed']}", file=sys.stderr)
+    return outcome | {"stages": clock.rows, "load_1min": round(os.getloadavg()[0], 1)}
+
+
+def run_together(
+    name: str, bundle: Path, counts: list[int], noop_runs: int, batch: int | None
+) -> list[dict[str, Any]]:
+    """Every lab up at once: their cold deploys in turn, then their no-op re-runs alternating by rounds."""
+    labs: list[tuple[Lab, dict[str, Any]]] = []
+    inventories: list[Path] = []
+    try:
+        for nodes in counts:
+            lab = Lab(f"{name}-{nodes}", nodes=nodes, offline=True)
+            results: dict[str, Any] = {"nodes": nodes}
+            labs.append((lab, results))  # down at the end, even when it fails to come up
+            results |= settle_disk()
+            start = time.monotonic()
+            inventory = lab.up()
+            results["lab_up_s"] = round(time.monotonic() - start, 1)
+            route_to_bridge(lab, inventory)
+            results["_drops"] = outbound_drops(lab.name)
+            inventories.append(inventory.inventory)
+            lab_batch = batch if batch and nodes > batch else None
+            others = tuple(other for other, _results in labs[:-1])
+            results["cold"] = deploy_once(
+                lab,
+                inventory.inventory,
+                bundle,
+                "cold",
+                batch=lab_batch,
+                hosts=list(inventory.ips),
+                others=others,
+            )
+            if results["cold"]["ok"] and lab_batch:
+                results["stamp"] = deploy_once(lab, inventory.inventory, bundle, "stamp", others=others)
+            if not all(results[run]["ok"] for run in runs(results)):
+                return [results for _lab, results in labs]
+        for index in range(1, noop_runs + 1):
+            for (lab, results), inventory_path in zip(labs, inventories, strict=True):
+                others = tuple(other for other, _results in labs if other is not lab)
+                results[f"noop{index}"] = deploy_once(
+                    lab, inventory_path, bundle, f"noop{index}", others=others
+                )
+                if not results[f"noop{index}"]["ok"]:
+                    return [results for _lab, results in labs]
+        return [results for _lab, results in labs]
+    finally:
+        for lab, results in reversed(labs):
+            if "_drops" in results:
+                results["outbound_packets"] = outbound_drops(lab.name) - results.pop("_drops")
+            lab.down()
+
+
+def noop_summary(labs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each lab's mean no-op re-run (the runs with changed=0, all ok) and its ratio to the smallest lab's."""
+    rows = []
+    for lab in labs:
+        seconds = [
+            lab[run]["seconds"]
+            for run in runs(lab)
+            if run.startswith("noop") and lab[run]["ok"] and lab[run]["changed"] == 0
+        ]
+        if seconds:
+            rows.append({"nodes": lab["nodes"], "runs": len(seconds), "mean_s": sum(seconds) / len(seconds)})
+    if rows:
+        base = min(rows, key=lambda row: row["nodes"])["mean_s"]
+        for row in rows:
+            row["mean_s"] = round(row["mean_s"], 2)
+            row["ratio"] = round(row["mean_s"] / base, 2)
+    return rows
+
+
 def runs(lab: dict[str, Any]) -> list[str]:
-    """The deploys a lab's results hold, in the order they ran: cold, noop1, noop2, ..."""
-    return [run for run in lab if run == "cold" or run.startswith("noop")]
+    """The deploys a lab's results hold, in the order they ran: cold, stamp (if any), noop1, noop2, ..."""
+    return [run for run in lab if run in ("cold", "stamp") or run.startswith("noop")]
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -215,7 +320,10 @@ def markdown(results: dict[str, Any]) -> str:
         nodes = lab["nodes"]
         for run in runs(lab):
             outcome = lab[run]
-            label = "cold deploy (bare hosts)" if run == "cold" else f"no-op re-run {run[4:]}"
+            label = {
+                "cold": "cold deploy (bare hosts)",
+                "stamp": "full deploy after the batched cold one (records the fleet stamp)",
+            }.get(run, f"no-op re-run {run[4:]}")
             if outcome.get("artifacts_batch"):
                 label += (
                     f", the artifacts stage {outcome['artifacts_batch']} hosts at a time (the lab's disk)"
@@ -237,6 +345,17 @@ def markdown(results: dict[str, Any]) -> str:
                 )
         packets = lab.get("outbound_packets", "n/a")
         lines += ["", f"Packets the {nodes} offline hosts sent beyond the lab: {packets}."]
+    if results.get("noop_summary"):
+        lines += [
+            "",
+            "## No-op re-runs (changed=0), mean per lab"
+            + (", alternating between the labs round by round" if results.get("together") else ""),
+            "",
+            "| hosts | re-runs | mean s | ratio to the smallest lab |",
+            "| --- | --- | --- | --- |",
+        ]
+        for row in results["noop_summary"]:
+            lines.append(f"| {row['nodes']} | {row['runs']} | {row['mean_s']} | {row['ratio']} |")
     lines.append("")
     return "\n".join(lines)
 
@@ -258,6 +377,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--noop-runs", type=int, default=2, help="re-runs after each cold deploy (default: 2)"
     )
+    parser.add_argument(
+        "--together",
+        action="store_true",
+        help="keep every lab up and alternate their no-op re-runs (the disk must hold every lab at once)",
+    )
     args = parser.parse_args(argv)
     console = Console(stderr=True)
     bundle = build_lab_bundle(DIST / "lab-bundle", DIST / "lab-demo", console)
@@ -270,16 +394,21 @@ def main(argv: list[str] | None = None) -> int:
     }
     if not args.skip_bundle:
         results |= time_bundle(console)
-    results["labs"] = [
-        run_deploys(
-            args.name,
-            bundle,
-            nodes,
-            args.noop_runs,
-            args.artifacts_batch if args.artifacts_batch and nodes > args.artifacts_batch else None,
-        )
-        for nodes in args.nodes
-    ]
+    if args.together:
+        results["together"] = True
+        results["labs"] = run_together(args.name, bundle, args.nodes, args.noop_runs, args.artifacts_batch)
+    else:
+        results["labs"] = [
+            run_deploys(
+                args.name,
+                bundle,
+                nodes,
+                args.noop_runs,
+                args.artifacts_batch if args.artifacts_batch and nodes > args.artifacts_batch else None,
+            )
+            for nodes in args.nodes
+        ]
+    results["noop_summary"] = noop_summary(results["labs"])
     results["load_at_end"] = [round(x, 1) for x in os.getloadavg()]
     text = json.dumps(results, indent=2)
     print(text)
@@ -288,9 +417,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         args.markdown.write_text(markdown(results), encoding="utf-8")
     # A lab stops at its first failed deploy: ok when every lab ran every deploy asked for, all ok.
-    asked = 1 + args.noop_runs
-    done = all(
-        len(runs(lab)) == asked and all(lab[run]["ok"] for run in runs(lab)) for lab in results["labs"]
+    done = len(results["labs"]) == len(args.nodes) and all(
+        len([run for run in runs(lab) if run != "stamp"]) == 1 + args.noop_runs
+        and all(lab[run]["ok"] for run in runs(lab))
+        for lab in results["labs"]
     )
     return 0 if done else 1
 
