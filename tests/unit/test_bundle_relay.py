@@ -12,6 +12,8 @@ import contextlib
 import hashlib
 import json
 import os
+import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -456,6 +458,17 @@ def test_a_docker_load_that_fails_mid_stream_is_named_up_the_chain(
     code, result = finished(proc)
     assert code == 6 and result["cause"] == "disk_full", result
     assert sent.returncode != 0 and said(sent.stdout)["cause"] == "disk_full", sent.stdout
+    # Before: "0 bytes free in docker load (/…/n0 … Fix: free at least 2097152 bytes on vm in docker load
+    # (/…/n0, or stage on a larger file system (image_distribution_tmp_dir …": a folder cut from the CLI's
+    # path, free space never measured, and a variable that --load does not use.
+    message = str(result["error"])
+    root = str(cli.parent)  # the double's dockerd data root (`docker info`)
+    free = shutil.disk_usage(root).free
+    assert f"dockerd's data root {root}" in message and "no space left on device" in message, message
+    found = re.search(rf"(\d+) bytes free in {re.escape(root)}\b", message)
+    assert found and abs(int(found.group(1)) - free) < 64 << 20, (message, free)
+    assert "docker_data_root" in message and "image_distribution_tmp_dir" not in message, message
+    assert "docker load (" not in message, message
 
 
 def test_the_chain_confirms_at_the_last_byte_and_each_node_reports_its_own_load(

@@ -429,9 +429,36 @@ def load_verdict(args: argparse.Namespace, proc: subprocess.Popen[bytes]) -> tup
     return code, said, loaded
 
 
+def docker_root(cli: str) -> str:
+    """dockerd's data root, as dockerd says (its default when it does not answer)."""
+    try:
+        asked = [cli, "info", "--format", "{{.DockerRootDir}}"]
+        said = subprocess.run(asked, capture_output=True, text=True, timeout=15, check=False).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        said = ""
+    return said if said.startswith("/") else "/var/lib/docker"
+
+
+def load_disk_failure(args: argparse.Namespace, said: str, total: int) -> RelayError:
+    """docker load ran out of space: in dockerd's data root, not in a folder of the relay's."""
+    root = docker_root(args.load)
+    try:
+        free = f"{shutil.disk_usage(root).free} bytes free in {root}"
+    except OSError as exc:
+        free = f"{root} not readable here ({exc.strerror})"
+    size = f"the archive is {args.size} bytes; " if args.size else ""
+    return RelayError(
+        "disk_full",
+        f"{args.name}: disk full in dockerd's data root {root} after {total} bytes of the stream: docker "
+        f"load said {said.strip()[-300:]!r}; {size}{free}. Fix: free space in {root} on {args.name} (its "
+        "image layers and what else fills that file system), or set docker_data_root to a folder on a larger "
+        "file system",
+    )
+
+
 def load_failure(args: argparse.Namespace, code: int, said: str, total: int) -> RelayError:
     if "no space left" in said.lower():
-        return disk_failure(args.name, target_path(args), args.size or total, total, None)
+        return load_disk_failure(args, said, total)
     return RelayError(
         "load", f"{args.name}: docker load refused the stream (exit {code}): {said.strip()[-300:]}"
     )
