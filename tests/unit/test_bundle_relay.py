@@ -9,7 +9,9 @@ Tests that mount file systems or make network namespaces need root (the lab's ma
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -237,6 +239,33 @@ def test_a_full_disk_is_named_with_host_path_and_bytes_not_as_a_blocked_port(
     message = str(told["error"])
     assert f"node2: disk full writing {small}/x.bin.part" in message and "bytes free in" in message, message
     assert "TCP port" not in message
+
+
+def relay_module() -> Any:
+    spec = importlib.util.spec_from_file_location("gpufleet_relay", RELAY)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_full_disk_message_asks_only_for_the_bytes_still_missing(tmp_path: Path) -> None:
+    """Before: 'Fix: free at least 0 bytes' once the space had come back (the part file removed, another
+    writer done) and '0 bytes free' for a folder it could not read."""
+    relay = relay_module()
+    free = shutil.disk_usage(tmp_path).free
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    came_back = relay.disk_failure("node2", str(tmp_path / "x.part"), 4096, 4096, full).message
+    told = re.search(rf"(\d+) bytes free in {re.escape(str(tmp_path))}", came_back)
+    assert told and abs(int(told.group(1)) - free) < 64 << 20, came_back
+    assert "Fix: free space on node2 in" in came_back and "at least" not in came_back, came_back
+    assert "free again since" in came_back, came_back
+    short = relay.disk_failure("node2", str(tmp_path / "x.part"), free + 1000, 10, full).message
+    assert re.search(r"Fix: free at least \d+ bytes on node2 in ", short), short
+    missing = int(re.search(r"at least (\d+) bytes", short).group(1))  # type: ignore[union-attr]
+    assert 0 < missing <= 1000 + (64 << 20), short  # what is missing, give or take other writers
+    gone = relay.disk_failure("node2", str(tmp_path / "gone" / "x.part"), 4096, 0, full).message
+    assert f"{tmp_path / 'gone'} unreadable" in gone and "0 bytes free" not in gone, gone
 
 
 @ROOT

@@ -224,9 +224,11 @@ def disk_failure(host: str, path: str, need: int, done: int, exc: OSError | None
     need_text = f"needs {need} bytes" if need else "needs more space"
     return RelayError(
         "disk_full",
-        f"{host}: disk full writing {path}{what}: {need_text}, {max(free, 0)} bytes free in {folder}"
+        f"{host}: disk full writing {path}{what}: {need_text}, "
+        + (f"{free} bytes free in {folder}" if free >= 0 else f"{folder} unreadable")
         + (f" after {done} bytes written" if done else "")
-        + f". Fix: free at least {max(need - max(free, 0), 0) if need else 'some'} bytes on {host} in "
+        + (" (free again since: another writer on that file system, or a quota)" if 0 < need <= free else "")
+        + f". Fix: free {f'at least {need - free} bytes' if need > free >= 0 else 'space'} on {host} in "
         f"{folder}, or stage on a larger file system (image_distribution_tmp_dir for images; the model's "
         "file system for models)",
     )
