@@ -151,6 +151,11 @@ def test_the_second_deploy_checks_each_node_once_and_skips_every_stage_but_verif
     assert len(checks) == 3 and max(checks.values()) <= 3, checks  # the check, the digest, the group
     assert [key for key in second if key.startswith("verify/")] == ["verify/node1"]
     assert second["verify/node1"] <= first["verify/node1"]
+    # the report says why a whole deploy ran every stage: on the first one, no node had a deploy recorded
+    nodes = {host.host for host in deployment.first.stages[0].hosts}
+    assert len(nodes) == 3 and deployment.second.not_in_sync == {}, deployment.second.not_in_sync
+    first_why = dict.fromkeys(sorted(nodes), "no whole deploy recorded on this node yet")
+    assert deployment.first.not_in_sync == first_why, deployment.first.not_in_sync
 
 
 # Runs on a node (python3 - on stdin): the fleet check's copy of gpufleet_converged answers each docker CLI
@@ -227,6 +232,9 @@ def test_a_drift_on_one_node_makes_the_whole_deploy_check_every_role_and_converg
     report = deploy_from_wheel(installed_gpufleet, deployment.inventory, deployment.bundle, tmp_path)
     assert report.ok, failures(report)
     assert not any(stage.in_sync for stage in report.stages)
+    assert report.not_in_sync == {  # in the report, not only in the task's output
+        "node3": "fleet: docker: /etc/sysctl.d/90-docker.conf changed since the last converge"
+    }, report.not_in_sync
     assert {f"{s.name}/{h.host}": h.changed for s in report.stages for h in s.hosts if h.changed} == {
         "nodes/node3": 1
     }

@@ -6,6 +6,7 @@ from io import StringIO
 
 from rich.console import Console
 
+from gpufleet.runner.combined import CHECK_TASK, MARKER, CombinedRecorder
 from gpufleet.runner.core import _verify
 from gpufleet.runner.events import StageRecorder
 from gpufleet.runner.progress import print_deploy_report
@@ -71,3 +72,33 @@ def test_a_run_that_changed_something_does_not_say_no_changes() -> None:
     print_deploy_report(Console(file=output, width=200), DeployReport(ok=True, stages=(stage(2),)))
 
     assert "no changes" not in output.getvalue()
+
+
+def test_a_whole_deploy_that_ran_every_stage_says_which_nodes_differed_and_why() -> None:
+    """The fleet check's answer on each node out of sync reaches the report (CombinedRecorder) and the
+    printed summary."""
+    recorder = CombinedRecorder("preflight")
+    answers = {"node1": (True, "in sync"), "node2": (False, "fleet: docker: unit docker.service is 'failed'")}
+    answers["node3"] = answers["node2"]
+    for event in (
+        {"event": "playbook_on_play_start", "event_data": {"play": MARKER + "preflight"}},
+        *(
+            {
+                "event": "runner_on_ok",
+                "event_data": {"host": host, "task": CHECK_TASK, "res": {"in_sync": ok, "why": why}},
+            }
+            for host, (ok, why) in answers.items()
+        ),
+        {"event": "playbook_on_play_start", "event_data": {"play": MARKER + "nodes"}},
+    ):
+        recorder(event)
+    stages = tuple(recorder.finish("ok"))
+    report = DeployReport(ok=True, stages=stages)
+    assert [stage.name for stage in stages] == ["preflight", "nodes"]
+    assert report.not_in_sync == dict.fromkeys(["node2", "node3"], answers["node2"][1])
+    assert stages[1].not_in_sync == {}  # the stage the check opened carries it, once
+    output = StringIO()
+    print_deploy_report(Console(file=output, width=200), report)
+    said = output.getvalue()
+    assert "every stage ran because of node2, node3: fleet: docker: unit docker.service is 'failed'" in said
+    assert "node1" not in said, said

@@ -40,6 +40,8 @@ WHOLE = ("preflight", "nodes", "artifacts", "cluster", "serve", "verify")
 FLEET_PLAYBOOKS = ("fleet_check.yml", "fleet_record.yml")  # opening the first stage, closing the last
 # fleet_check.yml's last task: it runs (ok) only when every node is in sync, and the stages then have no host.
 FAST_TASK = "Leave every stage but verify out when every node is in sync"
+# fleet_check.yml's question to each node: its result says whether the node is in sync, and if not, why.
+CHECK_TASK = "Ask each node whether every role's last converge still holds"
 Facts = dict[str, tuple[str, Any]]
 
 
@@ -97,6 +99,7 @@ class CombinedRecorder:
         self.in_sync = (
             False  # every node as the last whole deploy left it: the stages but verify have no host
         )
+        self._not_in_sync: dict[str, str] = {}  # what the fleet check found on each node out of sync
         # ansible-playbook's words before any stage began (a stage playbook that does not parse)
         self._before = StageRecorder(first)
 
@@ -116,6 +119,10 @@ class CombinedRecorder:
             return False
         if kind == "runner_on_ok" and data.get("task") == FAST_TASK:
             self.in_sync = True
+        if kind == "runner_on_ok" and data.get("task") == CHECK_TASK:
+            answer = data.get("res") or {}
+            if answer.get("in_sync") is False:
+                self._not_in_sync[str(data.get("host"))] = str(answer.get("why") or "not said")
         if kind in _FAILED and not data.get("ignore_errors"):
             self._failing.add(str(data.get("host")))
         return (self._stage or self._before)(event)
@@ -160,6 +167,9 @@ class CombinedRecorder:
         result = self._stage.result(status, time.monotonic() - self._began, failed_hosts=failed)
         if self.in_sync and not result.hosts:
             result = result.model_copy(update={"in_sync": True})
+        if self._not_in_sync:  # the stage the fleet check opened
+            result = result.model_copy(update={"not_in_sync": dict(sorted(self._not_in_sync.items()))})
+            self._not_in_sync = {}
         self.results.append(result)
         self.facts.update(self._stage.facts)
         if self.progress:

@@ -324,6 +324,14 @@ def _load_line(load: ServiceLoad) -> str:
     )
 
 
+def _grouped(whys: dict[str, str]) -> dict[str, list[str]]:
+    """The hosts that share each reason, in the order the reasons first appear."""
+    grouped: dict[str, list[str]] = {}
+    for host, why in whys.items():
+        grouped.setdefault(why, []).append(host)
+    return grouped
+
+
 def _details(
     stages: tuple[StageResult, ...],
     endpoint: str | None,
@@ -335,6 +343,9 @@ def _details(
     lines: list[RenderableType] = []
     for stage in stages:
         lines.extend(_failure_lines(stage))
+        # why a whole deploy did not take the fast path (the fleet check's answer on each node out of sync)
+        for why, hosts in _grouped(stage.not_in_sync).items():
+            lines.append(Text(f"every stage ran because of {', '.join(hosts)}: {why}"))
     if endpoint:
         lines.append(Text(f"endpoint: {endpoint}" + (f" (model {model})" if model else ""), style="bold"))
     if vllm is not None:

@@ -53,6 +53,9 @@ class StageResult(_Frozen):
     error: str | None = None  # what ansible-playbook said when it failed before any task (syntax, inventory)
     # No host ran it: every node was still as the last whole deploy left it (playbooks/fleet_check.yml)
     in_sync: bool = False
+    # The stage that opened a whole deploy with the fleet check: each node the check found not as the last
+    # whole deploy left it, and what differs there (the first difference met), so a slow re-run says why
+    not_in_sync: dict[str, str] = {}
 
 
 class VerifyResult(_Frozen):
@@ -134,6 +137,11 @@ class DeployReport(_Frozen):
     @property
     def failures(self) -> tuple[Failure, ...]:
         return tuple(failure for stage in self.stages for failure in stage.failures)
+
+    @property
+    def not_in_sync(self) -> dict[str, str]:
+        """The nodes that made a whole deploy run every stage, and what differed on each (the fleet check)."""
+        return {host: why for stage in self.stages for host, why in stage.not_in_sync.items()}
 
     def compared_with(self, plan: PlanFigures) -> DeployReport:
         """This report with a warning for each vLLM fact more than 10% off the plan's prediction."""
