@@ -459,9 +459,14 @@ def main() -> None:
     try:
         result = ACTIONS[module.params["state"]](module)
     except OSError as problem:
+        fix = (
+            "run the play as root (become: true; gpufleet's playbooks do)"
+            if isinstance(problem, PermissionError) and os.geteuid() != 0
+            else "check the node's disk"
+        )
         module.fail_json(
             msg=f"{os.uname().nodename}: {problem} (stamp {stamp_path(module.params)}). "
-            "Fix: check the node's disk, then run again."
+            f"Fix: {fix}, then run again."
         )
     module.exit_json(changed=False, **result)
 

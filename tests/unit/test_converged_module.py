@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -303,3 +304,30 @@ def test_the_fleet_check_asks_systemd_once_for_every_roles_units(tmp_path: Path)
     calls = log.read_text().splitlines()
     assert len(calls) == 1, calls
     assert calls[0].endswith("-- containerd.service docker.service ray.service"), calls
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs the module as another user (setpriv)")
+def test_a_stamp_a_login_cannot_read_says_to_become_root_not_to_check_the_disk(node: Node) -> None:
+    """Before: "Permission denied … Fix: check the node's disk", for a sudo login whose play did not become
+    root (the artifacts stage, before its plays had become: true)."""
+    with tempfile.TemporaryDirectory() as shared:
+        Path(shared).chmod(0o755)  # the arguments, readable by the login; the stamps stay root's
+        arguments = Path(shared) / "args.json"
+        params = {
+            "name": "docker",
+            "digest": DIGEST,
+            "root": str(node.root / "stamps"),
+            "files": [str(node.config)],
+        }
+        arguments.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": params}))
+        arguments.chmod(0o644)
+        as_nobody = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+        done = subprocess.run(
+            [*as_nobody, sys.executable, str(MODULE), str(arguments)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    result = json.loads(done.stdout)
+    assert result.get("failed") and "Permission denied" in result["msg"], result
+    assert "become: true" in result["msg"] and "check the node's disk" not in result["msg"], result
