@@ -233,9 +233,11 @@ def test_a_drift_on_one_node_makes_the_whole_deploy_check_every_role_and_converg
     report = deploy_from_wheel(installed_gpufleet, deployment.inventory, deployment.bundle, tmp_path)
     assert report.ok, failures(report)
     assert not any(stage.in_sync for stage in report.stages)
-    assert report.not_in_sync == {  # in the report, not only in the task's output
-        "node3": "fleet: docker: /etc/sysctl.d/90-docker.conf changed since the last converge"
-    }, report.not_in_sync
+    # why, in the report: node3 at least (the test before ran the nodes stage without the bundle, another
+    # input, so every node's role stamps may differ too; test_a_login_that_is_not_root_… checks the exact
+    # reason on a fleet this deploy left in sync)
+    assert "node3" in report.not_in_sync, report.not_in_sync
+    assert all(why.startswith("fleet: ") for why in report.not_in_sync.values()), report.not_in_sync
     assert {f"{s.name}/{h.host}": h.changed for s in report.stages for h in s.hosts if h.changed} == {
         "nodes/node3": 1
     }
