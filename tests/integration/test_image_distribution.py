@@ -110,6 +110,12 @@ def test_second_run_changes_nothing(
     second = run_role(lab, tmp_path, bundle)
     assert second.returncode == 0, second.stdout[-3000:]
     assert set(changed_counts(second.stdout).values()) == {0}, second.stdout[-3000:]
+    # every task, not the fast path's one check: the report names no strategy, since none runs
+    every_task = run_role(lab, tmp_path, bundle, "-e", "gpufleet_fast_rerun=false")
+    assert every_task.returncode == 0, every_task.stdout[-3000:]
+    assert set(changed_counts(every_task.stdout).values()) == {0}, every_task.stdout[-3000:]
+    reported = "image_distribution strategy: none (auto; every node has every image, nothing to send)"
+    assert said(every_task.stdout, reported), every_task.stdout[-3000:]
 
 
 def test_corrupted_archive_is_refused_before_anything_is_copied(
@@ -151,7 +157,12 @@ def test_archives_too_small_to_relay_are_copied_over_ssh_without_a_relay_round(
     assert result.returncode == 0, result.stdout[-3000:]
     assert "Start a receiver on each node of the chain" not in result.stdout
     assert "Listen once on the probed node's relay port" not in result.stdout
-    assert said(result.stdout, "nothing to send"), result.stdout[-3000:]
+    # the report names no strategy that did not run (it said "fanout (... nothing to send)" before)
+    reported = (
+        "image_distribution strategy: none (auto; no node lacks an image to relay: 3 images under 32 MiB "
+        "go by SSH copy to the nodes that lack them)"
+    )
+    assert said(result.stdout, reported), result.stdout[-3000:]
     copies = task_results(result.stdout, "Copy the archive from the control node to this node")
     assert {host: copies.get(host, []).count("changed") for host in lab.hosts} == {
         "node1": 0,

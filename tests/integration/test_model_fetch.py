@@ -347,3 +347,20 @@ def test_offline_from_a_bundle(
         marker = json.loads(lab.ssh(host, f"cat /opt/models/offline-{strategy}/.gpufleet-model.json").stdout)
         assert marker["revision"] == commit, host
         assert marker["files"]["model.safetensors"]["sha256"] == weights, host
+    if strategy == "auto":
+        # every task again (not the fast path's one check): nothing to send, and the report names no strategy
+        # that does not run (it said "fanout (auto; every node has the model, nothing to send)" before)
+        again = run_role(
+            lab,
+            tmp_path,
+            "-e",
+            f"gpufleet_model_dir=/opt/models/offline-{strategy}",
+            "-e",
+            f"gpufleet_bundle_dir={tmp_path / 'bundle'}",
+            "-e",
+            "gpufleet_fast_rerun=false",
+        )
+        assert again.returncode == 0, again.stdout[-3000:]
+        assert set(changed_counts(again.stdout).values()) == {0}, again.stdout[-3000:]
+        reported = "model_fetch strategy: none (auto; every node has the model, nothing to send)"
+        assert said(again.stdout, reported), again.stdout[-3000:]
