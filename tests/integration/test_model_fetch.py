@@ -194,15 +194,6 @@ def test_check_mode_on_the_fetched_model_changes_nothing(
     assert {host: lab.ssh(host, f"cat {MARKER}").stdout for host in lab.hosts} == markers
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "roles/model_fetch bug: in check mode on a host without the model (online path), tasks/online.yml's "
-        "'Verify every file against its LFS pointer or git blob...' runs gpufleet_model_check (state: "
-        "record, from_git: true) on a checkout check mode never made and fails ('not a readable git-lfs "
-        "checkout'); the seed fails and every other node then fails 'expected the model from the seed'"
-    ),
-)
 def test_check_mode_on_a_fresh_model_dir_reports_and_creates_nothing(
     lab: RunningLab, first_run: subprocess.CompletedProcess[str], server: LfsServer, tmp_path: Path
 ) -> None:
