@@ -315,16 +315,9 @@ def test_offline_from_a_bundle(
         )
     )
     build(manifest, tmp_path / "bundle")
-    result = run_role(
-        lab,
-        tmp_path,
-        "-e",
-        f"gpufleet_model_dir=/opt/models/offline-{strategy}",
-        "-e",
-        f"gpufleet_bundle_dir={tmp_path / 'bundle'}",
-        "-e",
-        f"model_fetch_strategy={strategy}",
-    )
+    offline = ("-e", f"gpufleet_model_dir=/opt/models/offline-{strategy}")
+    offline += ("-e", f"gpufleet_bundle_dir={tmp_path / 'bundle'}")
+    result = run_role(lab, tmp_path, *offline, "-e", f"model_fetch_strategy={strategy}")
     assert result.returncode == 0, result.stdout[-3000:]
     assert said(result.stdout, reported), result.stdout[-3000:]
     receivers = task_results(result.stdout, "Start a receiver on each node of the chain")
@@ -341,16 +334,7 @@ def test_offline_from_a_bundle(
     if strategy == "auto":
         # every task again (not the fast path's one check): nothing to send, and the report names no strategy
         # that does not run (it said "fanout (auto; every node has the model, nothing to send)" before)
-        again = run_role(
-            lab,
-            tmp_path,
-            "-e",
-            f"gpufleet_model_dir=/opt/models/offline-{strategy}",
-            "-e",
-            f"gpufleet_bundle_dir={tmp_path / 'bundle'}",
-            "-e",
-            "gpufleet_fast_rerun=false",
-        )
+        again = run_role(lab, tmp_path, *offline, "-e", "gpufleet_fast_rerun=false")
         assert again.returncode == 0, again.stdout[-3000:]
         assert set(changed_counts(again.stdout).values()) == {0}, again.stdout[-3000:]
         reported = "model_fetch strategy: none (auto; every node has the model, nothing to send)"
