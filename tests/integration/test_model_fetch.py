@@ -205,6 +205,8 @@ def test_check_mode_on_a_fresh_model_dir_reports_and_creates_nothing(
     assert len(lfs_object_requests(server)) == fetched, "check mode downloaded LFS objects"
     assert result.returncode == 0, result.stdout[-3000:]
     assert sum(changed_counts(result.stdout).values()) > 0, result.stdout[-3000:]
+    for host in lab.hosts[1:]:  # the seed fetches; each other node says what it would get from it
+        assert said(result.stdout, f"{host}: would receive {REPO_ID}@"), result.stdout[-3000:]
 
 
 @pytest.mark.parametrize("host", ["node1", "node3"])
