@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -26,7 +27,7 @@ import pytest
 
 from gpufleet.lab import Lab, LabInventory
 from gpufleet.lab.state import load as load_lab_state
-from gpufleet.lab.system import missing_prerequisites, state_root
+from gpufleet.lab.system import cache_dir, file_lock, missing_prerequisites, state_root
 
 REPO = Path(__file__).resolve().parents[2]
 if (
@@ -36,6 +37,46 @@ if (
 VENV_BIN = Path(sys.executable).parent
 SESSION_LAB_NODES = 3
 OWNED_LAB = re.compile(r"^pytest(?:-[a-z]+)?-(\d+)$")  # pytest-<pid>, pytest-<purpose>-<pid>
+
+
+# ----- running the suite on two cores: `make test` runs pytest-xdist with --dist loadgroup -------------------
+# A module's tests share state (module fixtures, a deployment the next test builds on, their order), so every
+# integration module is one xdist group: all its tests run in order on one worker. The modules listed in
+# INDEPENDENT hold tests that each make their own lab (Molecule scenarios) and spread over the workers.
+# Unit tests are independent too. Each worker has its own session lab (``pytest-<worker pid>``).
+INDEPENDENT = frozenset({"test_molecule"})
+# The slowest first (measured with --durations, seconds on the 2-core machine), so that the longest
+# chains start at once and the short ones fill the gaps: pytest runs with --no-loadscope-reorder, so this
+# order is the workers' queue. A module not listed runs after these, before the unit tests.
+SLOWEST_FIRST = (
+    "test_e2e",  # ~1000 s: the deployment and everything built on it, in one chain
+    "test_cancel",  # ~300 s
+    "test_molecule",  # ~550 s in 7 scenarios, each on its own
+    "test_model_fetch",
+    "test_relay_trust",
+    "test_image_distribution",
+    "test_collection",
+    "test_runner_local",
+    "test_lab_docker",
+    "test_nvidia_container_toolkit_role",
+    "test_install",
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Group each integration module for xdist and order the slowest first (see SLOWEST_FIRST)."""
+    here = Path(__file__).parent
+
+    def rank(item: pytest.Item) -> int:
+        if item.path.parent != here:
+            return len(SLOWEST_FIRST) + 1  # unit tests last: they fill the end of the run
+        return SLOWEST_FIRST.index(item.path.stem) if item.path.stem in SLOWEST_FIRST else len(SLOWEST_FIRST)
+
+    for item in items:
+        if item.path.parent == here and item.path.stem not in INDEPENDENT:
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+    items.sort(key=rank)  # stable: each module keeps its own order
 
 
 def lab_name(purpose: str = "") -> str:
@@ -133,6 +174,28 @@ def lab() -> Iterator[RunningLab]:
         yield RunningLab(handle, handle.up())
     finally:
         handle.down()
+
+
+@pytest.fixture(scope="session")
+def lab_bundle() -> Path:
+    """The lab bundle (what ``make demo`` deploys), kept in ~/.cache/gpufleet/lab-bundle for every checkout.
+
+    A fresh clone re-checks it against this checkout's lab manifest (seconds: the verified-file cache) instead
+    of copying 2.8 GiB again; one worker builds it while another waits. A bundle that no longer verifies
+    (a file the manifest dropped) is built again from nothing.
+    """
+    from gpufleet.lab.demo import DIST, build_lab_bundle  # noqa: PLC0415  (only lab tests need it)
+    from rich.console import Console  # noqa: PLC0415
+
+    bundle, console = cache_dir().parent / "lab-bundle", Console(stderr=True)
+    bundle.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(bundle.with_suffix(".lock")):
+        try:
+            return build_lab_bundle(bundle, DIST / "lab-demo", console)
+        except RuntimeError as problem:
+            console.print(f"lab bundle: {problem}; building it again from nothing")
+            shutil.rmtree(bundle)
+            return build_lab_bundle(bundle, DIST / "lab-demo", console)
 
 
 @pytest.fixture(scope="session")

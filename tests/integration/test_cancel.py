@@ -26,9 +26,8 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO, VENV_BIN, RunningLab
-from rich.console import Console
 
-from gpufleet.lab.demo import DIST, build_lab_bundle, route_to_bridge
+from gpufleet.lab.demo import route_to_bridge
 from gpufleet.runner.fleet_lock import fleet_lock
 from gpufleet.runner.head_marker import MARKER_PATH, control_node
 
@@ -39,11 +38,6 @@ PIDS_CGROUP = Path("/sys/fs/cgroup/pids")
 # What a run leaves on a host when it is not stopped: the relay, docker load, Ansible's module invocations
 # (`/bin/sh -c '... && sleep 0'`, AnsiballZ) and async jobs (async_wrapper).
 HOST_LEFTOVER = re.compile(r"gpufleet_relay|docker load|AnsiballZ|async_wrapper|ansible-tmp-|sleep 0")
-
-
-@pytest.fixture(scope="module")
-def lab_bundle() -> Path:
-    return build_lab_bundle(DIST / "lab-bundle", DIST / "lab-demo", Console(stderr=True))
 
 
 @pytest.fixture

@@ -9,8 +9,9 @@ the wheel built from this checkout and installed into a fresh venv outside it, r
 outside it: they prove the wheel (its collection, its plugins, its ansible.cfg), not the checkout. At the
 end the hosts are reset again, so that later tests find them fresh.
 
-The bundle is ``dist/lab-bundle`` (built by :func:`gpufleet.lab.demo.build_lab_bundle`, cached like ``make
-demo``'s; the serving image comes from ``~/.cache/gpufleet/serving-image``).
+The bundle is the session's ``lab_bundle`` (conftest.py: :func:`gpufleet.lab.demo.build_lab_bundle` into
+``~/.cache/gpufleet/lab-bundle``, re-checked against this checkout; the serving image comes from
+``~/.cache/gpufleet/serving-image``).
 """
 
 from __future__ import annotations
@@ -35,10 +36,9 @@ from typing import Any
 import pytest
 import yaml
 from conftest import REPO, VENV_BIN, RunningLab, ansible_env, run_installed
-from rich.console import Console
 from tests.monitoring_assets import ALERT_NAMES, dashboards, metric_names, panel_queries, render_rules
 
-from gpufleet.lab.demo import DIST, api_key_file, build_lab_bundle, chat, lab_plan, route_to_bridge
+from gpufleet.lab.demo import api_key_file, chat, lab_plan, route_to_bridge
 from gpufleet.lab.net import outbound_drops
 from gpufleet.lab.upgrade import BROKEN_MESSAGE, BROKEN_SUFFIX, UPGRADE_SUFFIX, image_id, make_images
 from gpufleet.runner import STAGES, DeployReport, deploy, status, teardown
@@ -58,11 +58,6 @@ class Deployment:
     @property
     def key(self) -> str:
         return api_key_file(self.inventory).read_text(encoding="utf-8").strip()
-
-
-@pytest.fixture(scope="module")
-def lab_bundle() -> Path:
-    return build_lab_bundle(DIST / "lab-bundle", DIST / "lab-demo", Console(stderr=True))
 
 
 def deploy_from_wheel(installed: Path, inventory: Path, bundle: Path, cwd: Path, *more: str) -> DeployReport:
