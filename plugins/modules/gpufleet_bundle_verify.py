@@ -13,6 +13,7 @@ description:
   - A file whose device, inode, size, mtime and ctime are unchanged since it last matched its sha256 is not
     read again (a cache in the control node's C($XDG_CACHE_HOME/gpufleet/verified), never in the bundle).
   - Fails with one line per problem before any host is changed.
+  - With O(signers), the lock's SSH signature is checked first (C(ssh-keygen -Y verify)).
 options:
   bundle:
     description: The bundle directory (C(gpufleet_bundle_dir)).
@@ -22,6 +23,15 @@ options:
     description: Skip re-hashing files unchanged since they last matched; false hashes every byte.
     type: bool
     default: true
+  signers:
+    description:
+      - An ssh-keygen allowed-signers file (C(gpufleet_bundle_signers); relative to the inventory directory).
+      - Set, the bundle's C(bundle.lock.yml.sig) must be a good C(ssh-keygen -Y sign -n gpufleet-bundle)
+        signature of its lock by a key the file lists, before any file is checked; an unsigned lock, a lock
+        changed after signing and a key the file does not list are refused.
+      - Empty, a signature is not required (nor checked).
+    type: path
+    default: ""
 notes:
   - An action plugin; this file only documents it. Needs the gpufleet Python package on the control node.
 """
@@ -30,6 +40,7 @@ EXAMPLES = r"""
 - name: Check the bundle on the control node before anything changes
   gpufleet.gpufleet.gpufleet_bundle_verify:
     bundle: "{{ gpufleet_bundle_dir }}"
+    signers: "{{ gpufleet_bundle_signers | default('') }}"
   run_once: true
 """
 

@@ -33,6 +33,9 @@ FLEET_VARIABLE_DOCS: dict[str, str] = {
     "gpufleet_model_config": "Control-node path of the model's config.json, for the planner "
     "(relative to the inventory). Default: from the bundle when there is one.",
     "gpufleet_bundle_dir": "Control-node path of an offline bundle; set = never contact the internet.",
+    "gpufleet_bundle_signers": "Control-node path of an ssh-keygen allowed-signers file (relative to the "
+    "inventory). Set, preflight refuses a bundle whose bundle.lock.yml is unsigned, changed after signing or "
+    "signed by a key the file does not list (`gpufleet bundle sign`). Default: no signature required.",
     "gpufleet_api_key_file": "Control-node file holding the API key (generated, mode 0600).",
     "gpufleet_lab": "Set by `gpufleet lab up` in lab inventories.",
     "gpufleet_monitoring": "true runs the optional monitoring stage (role monitoring: Prometheus, "
@@ -65,7 +68,12 @@ def variables_section(root: Path) -> str:
         lines.append(f"| `{name}` | {doc} |")
     lines += [
         f"| `{name}` | {FLEET_VARIABLE_DOCS[name]} |"
-        for name in ("gpufleet_api_key_file", "gpufleet_cuda_forward_compat", "gpufleet_fast_rerun")
+        for name in (
+            "gpufleet_bundle_signers",
+            "gpufleet_api_key_file",
+            "gpufleet_cuda_forward_compat",
+            "gpufleet_fast_rerun",
+        )
     ]
     for spec_file in sorted(root.glob("roles/*/meta/argument_specs.yml")):
         role = spec_file.parent.parent.name

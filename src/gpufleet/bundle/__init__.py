@@ -1,5 +1,5 @@
 """Offline bundles: the manifest (what to fetch), the fetchers (files, Debian packages, images, git-lfs
-models), the lock (every artifact with its sha256) and verification.
+models), the lock (every artifact with its sha256), verification, the lock's SSH signature and lock diffs.
 
 Every reader of a built bundle goes through :mod:`~gpufleet.bundle.lock` (the lookup plugin too).
 """
@@ -7,8 +7,10 @@ Every reader of a built bundle goes through :mod:`~gpufleet.bundle.lock` (the lo
 from __future__ import annotations
 
 from gpufleet.bundle.build import BuildError, BuildResult, build, load_manifest, verify
+from gpufleet.bundle.diff import diff_locks
 from gpufleet.bundle.lock import Lock, LockError, read_lock, sha256_file
 from gpufleet.bundle.manifest import ManifestError
+from gpufleet.bundle.signature import SignatureError, Signer
 
 __all__ = [
     "BuildError",
@@ -16,7 +18,10 @@ __all__ = [
     "Lock",
     "LockError",
     "ManifestError",
+    "SignatureError",
+    "Signer",
     "build",
+    "diff_locks",
     "load_manifest",
     "read_lock",
     "sha256_file",

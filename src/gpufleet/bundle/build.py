@@ -16,11 +16,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from gpufleet._version import __version__
 from gpufleet.bundle.debian import describe, fetch_debian_binaries, fetch_debian_docker, fetch_debian_repo
 from gpufleet.bundle.fetch import BuildContext, BuildError, copy_file, download, run
 from gpufleet.bundle.images import image_contents, image_id, save_image
 from gpufleet.bundle.lock import (
+    LOCK_NAME,
+    SIGNATURE_NAME,
     Lock,
     LockedFile,
     LockedImage,
@@ -51,7 +52,8 @@ from gpufleet.bundle.manifest import (
     load_manifest,
 )
 from gpufleet.bundle.model import fetch_model, head_commit
-from gpufleet.paths import project_root
+from gpufleet.bundle.reproducible import unpinned
+from gpufleet.bundle.selfwheel import build_wheel, describe_origin
 
 __all__ = ["BuildError", "BuildResult", "LockError", "ManifestError", "build", "load_manifest", "verify"]
 
@@ -62,6 +64,9 @@ class BuildResult:
     fetched: list[str] = field(default_factory=list)
     reused: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    # What a rebuild from the same manifest and commit may not reproduce, one line each (nothing: all of it).
+    unreproducible: list[str] = field(default_factory=list)
+    unsigned: bool = False  # the build changed a signed lock and removed its signature
 
 
 @dataclass(frozen=True)
@@ -199,19 +204,19 @@ def _model_unit(model: ModelArtifact) -> Unit:
     return Unit(f"model {model.repo}", model.bundle_path(), model.revision, model.url, make)
 
 
-def _wheel_units(manifest: Manifest) -> Iterator[Unit]:
+def _wheel_units(manifest: Manifest, notes: list[str]) -> Iterator[Unit]:
     wheels = manifest.wheels
     if wheels is None:
         return
     yield from _file_units("wheels", "wheels", "", wheels.files, False)
     if wheels.pip is not None:
-        yield _pip_unit(wheels.pip)
+        yield _pip_unit(wheels.pip, notes)
 
 
-def _pip_unit(pip: PipSource) -> Unit:
+def _pip_unit(pip: PipSource, notes: list[str]) -> Unit:
     def make(ctx: BuildContext, dest: Path) -> None:
         dest.mkdir(parents=True, exist_ok=True)
-        for version in pip.python_versions:
+        for version in pip.python_versions if pip.requirements else ():
             run(
                 [
                     sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
@@ -222,34 +227,25 @@ def _pip_unit(pip: PipSource) -> Unit:
                 what=f"wheels for Python {version}",
             )  # fmt: skip
         if pip.include_gpufleet:
-            _gpufleet_wheel(dest)
+            notes.extend(build_wheel(ctx.work, dest))
 
     pythons = ",".join(pip.python_versions)
-    self_wheel = " + gpufleet" if pip.include_gpufleet else ""
+    # The origin (a commit) is part of the source: a build from another commit does not reuse the wheel.
+    self_wheel = f" + {describe_origin()}" if pip.include_gpufleet else ""
     source = f"pypi (cp{pythons} x86_64){self_wheel}: " + " ".join(sorted(pip.requirements))
     return Unit("wheels", "wheels", "", source, make)
 
 
-def _gpufleet_wheel(dest: Path) -> None:
-    """gpufleet's own wheel, built from the checkout this package runs from, else fetched by version."""
-    root = project_root()
-    if root is not None and (root / "pyproject.toml").is_file():
-        command = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(dest), str(root)]
-    else:
-        command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", str(dest)]
-        command.append(f"gpufleet=={__version__}")
-    run(command, what="gpufleet's wheel")
-
-
-def units(manifest: Manifest) -> list[Unit]:
-    """Everything a manifest asks for, in a fixed order."""
+def units(manifest: Manifest, notes: list[str] | None = None) -> list[Unit]:
+    """Everything a manifest asks for, in a fixed order; ``notes`` gets what a fetch cannot reproduce."""
+    notes = [] if notes is None else notes
     return [
         *_docker_units(manifest),
         *_nvidia_units(manifest),
         *(_image_unit(image) for image in manifest.images),
         *([_model_unit(manifest.model)] if manifest.model else []),
         *_monitoring_units(manifest),
-        *_wheel_units(manifest),
+        *_wheel_units(manifest, notes),
     ]
 
 
@@ -371,15 +367,22 @@ def build(
     except LockError:
         old = None
     result = BuildResult(lock=Lock(manifest=manifest.name, files=[]))
+    result.unreproducible = unpinned(manifest, include_optional=include_optional)
     files: list[LockedFile] = []
-    for unit in units(manifest):
+    for unit in units(manifest, result.unreproducible):
         if unit.optional and not include_optional:
             result.skipped.append(unit.name)
             continue
-        files += _build_unit(ctx, unit, old, result)
+        locked = {entry.path for entry in files}
+        # A directory unit (wheels/ of pip) lists every file under it: one a file unit put there stays its.
+        files += [entry for entry in _build_unit(ctx, unit, old, result) if entry.path not in locked]
     images, models = _resolved(manifest, out, old)
     result.lock = Lock(manifest=manifest.name, files=files, images=images, models=models)
+    before = (out / LOCK_NAME).read_bytes() if (out / LOCK_NAME).is_file() else None
     write_lock(out, result.lock)
+    if before != (out / LOCK_NAME).read_bytes() and (out / SIGNATURE_NAME).exists():
+        (out / SIGNATURE_NAME).unlink()  # it signed the lock this build replaced: sign the new one again
+        result.unsigned = True
     shutil.rmtree(ctx.work, ignore_errors=True)
     return result
 

@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 LOCK_NAME = "bundle.lock.yml"
+SIGNATURE_NAME = LOCK_NAME + ".sig"  # ssh-keygen -Y sign of the lock (gpufleet.bundle.signature)
 # Directories inside a bundle that belong to tools, not to the artifacts: a model clone's git metadata and
 # the build's scratch space.
 IGNORED_PARTS = frozenset({".git", ".work"})
@@ -136,7 +137,15 @@ def write_lock(root: Path, lock: Lock) -> Path:
 
 
 def read_lock(root: Path) -> Lock:
-    path = root / LOCK_NAME
+    return _read(root / LOCK_NAME, root)
+
+
+def read_lock_at(path: Path) -> Lock:
+    """A bundle directory's lock, or a lock file itself (a copy kept to compare an upgrade with)."""
+    return _read(path, path.parent) if path.is_file() else read_lock(path)
+
+
+def _read(path: Path, root: Path) -> Lock:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
         return Lock.model_validate(data)
@@ -181,12 +190,12 @@ def _shown(value: object) -> str:
 
 
 def bundle_files(root: Path) -> Iterator[str]:
-    """Every file of a bundle directory, relative, skipping the lock itself and ignored tool metadata."""
+    """Every file of a bundle directory, relative, skipping the lock, its signature and tool metadata."""
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in IGNORED_PARTS)
         for name in sorted(filenames):
             rel = Path(dirpath, name).relative_to(root).as_posix()
-            if rel != LOCK_NAME and not rel.endswith((".part", ".tmp")):
+            if rel not in (LOCK_NAME, SIGNATURE_NAME) and not rel.endswith((".part", ".tmp")):
                 yield rel
 
 

@@ -37,6 +37,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--bundle", type=Path, metavar="DIR", help="offline bundle: take every artifact from it"
     )
+    parser.add_argument(
+        "--bundle-signer",
+        type=Path,
+        metavar="ALLOWED_SIGNERS",
+        help="refuse the bundle unless its lock is signed by a key this ssh-keygen allowed-signers file "
+        "lists (sets gpufleet_bundle_signers)",
+    )
     parser.add_argument("--stages", metavar="A,B", help="comma-separated subset of the stages (run in order)")
     parser.add_argument("--check", action="store_true", help="Ansible check mode: report, change nothing")
     parser.add_argument("--limit", metavar="PATTERN", help="only these hosts (Ansible --limit)")
@@ -98,28 +105,54 @@ def readable(inventory: Path) -> None:
         raise InventoryError(unreadable)
 
 
-def check_bundle(bundle: Path | None) -> None:
-    """A bundle whose lock cannot be read is refused before any stage runs (exit 2), not in preflight."""
+def check_bundle(bundle: Path | None, signers: Path | None = None) -> None:
+    """A bundle whose lock cannot be read, or (with ``--bundle-signer``) is not signed by an allowed key, is
+    refused before any stage runs (exit 2); preflight checks the signature again (gpufleet_bundle_signers)."""
+    if signers is not None and bundle is None:
+        raise DeployError(
+            f"command line: --bundle: found nothing; expected the offline bundle whose signature "
+            f"--bundle-signer {signers} checks. Fix: pass --bundle DIR too, or leave --bundle-signer out"
+        )
     if bundle is None or not (bundle / "bundle.lock.yml").is_file():
         return  # the runner names a missing directory or lock
     from gpufleet.bundle import LockError, read_lock  # noqa: PLC0415
+    from gpufleet.bundle.signature import SignatureError, check  # noqa: PLC0415
 
     try:
+        if signers is not None:
+            check(bundle, signers, variable="--bundle-signer")
         read_lock(bundle)
+    except SignatureError as error:
+        raise DeployError(f"{error} Nothing was changed on any host.") from None
     except LockError as error:
         raise DeployError(f"--bundle {bundle}: {error}") from None
+
+
+def signer_variables(args: argparse.Namespace) -> dict[str, str]:
+    """The extra variables with ``--bundle-signer`` as gpufleet_bundle_signers (absolute: Ansible resolves a
+    relative one against the inventory, the command line against the working directory)."""
+    variables = dict(args.extra_vars)
+    if args.bundle_signer is not None:
+        if "gpufleet_bundle_signers" in variables:
+            raise DeployError(
+                "command line: gpufleet_bundle_signers: found it both as --bundle-signer and as -e; "
+                "expected it once. "
+                "Fix: give the allowed signers once, with --bundle-signer"
+            )
+        variables["gpufleet_bundle_signers"] = str(args.bundle_signer.resolve())
+    return variables
 
 
 def run(args: argparse.Namespace) -> int:
     stages = args.stages.split(",") if args.stages is not None else None
 
     def call(progress: ProgressSink | None) -> DeployReport:
-        check_bundle(args.bundle)
+        check_bundle(args.bundle, args.bundle_signer)
         report = deploy(
             args.inventory,
             bundle=args.bundle,
             stages=stages,
-            extra_vars=dict(args.extra_vars),
+            extra_vars=signer_variables(args),
             check=args.check,
             limit=args.limit,
             progress=progress,

@@ -213,6 +213,7 @@ FLEET_ONLY_VARIABLES = frozenset(
         "gpufleet_monitoring",  # the monitoring stage runs the monitoring role (off unless true)
         "gpufleet_fast_rerun",  # each role may skip its converge on a node still as it left it (default true)
         "gpufleet_grafana_password_file",
+        "gpufleet_bundle_signers",  # preflight requires the lock signed by a key this file lists
     }
 )
 
