@@ -24,8 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from gpufleet.lab import Lab, LabInventory
+from gpufleet.lab.demo import DIST, build_lab_bundle
 from gpufleet.lab.state import load as load_lab_state
 from gpufleet.lab.system import cache_dir, file_lock, missing_prerequisites, state_root
 
@@ -39,7 +41,7 @@ SESSION_LAB_NODES = 3
 OWNED_LAB = re.compile(r"^pytest(?:-[a-z]+)?-(\d+)$")  # pytest-<pid>, pytest-<purpose>-<pid>
 
 
-# ----- running the suite on two cores: `make test` runs pytest-xdist with --dist loadgroup -------------------
+# ----- the suite on two cores: `make test` runs pytest-xdist with --dist loadgroup --------------------------
 # A module's tests share state (module fixtures, a deployment the next test builds on, their order), so every
 # integration module is one xdist group: all its tests run in order on one worker. The modules listed in
 # INDEPENDENT hold tests that each make their own lab (Molecule scenarios) and spread over the workers.
@@ -184,9 +186,6 @@ def lab_bundle() -> Path:
     of copying 2.8 GiB again; one worker builds it while another waits. A bundle that no longer verifies
     (a file the manifest dropped) is built again from nothing.
     """
-    from gpufleet.lab.demo import DIST, build_lab_bundle  # noqa: PLC0415  (only lab tests need it)
-    from rich.console import Console  # noqa: PLC0415
-
     bundle, console = cache_dir().parent / "lab-bundle", Console(stderr=True)
     bundle.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(bundle.with_suffix(".lock")):
