@@ -7,9 +7,6 @@ STAMP := $(VENV)/.installed
 # Debian packages the lab, Molecule and the integration tests need on the control node.
 LAB_PACKAGES := systemd-container debootstrap git-lfs iptables iproute2 openssh-client
 PYTEST_ARGS ?=
-# Two workers (the machines have 2 cores; lab tests spend much of their time waiting on hosts): each
-# integration module runs whole on one worker, the slowest first (tests/integration/conftest.py).
-PARALLEL ?= -n 2 --dist loadgroup --no-loadscope-reorder
 
 .PHONY: demo test test-all check lint unit integration molecule venv lab-prereqs lab-stress clean
 
@@ -19,13 +16,13 @@ demo: lab-prereqs $(STAMP)  ## validate and plan inventories/prod; then the air-
 	$(BIN)/python -m gpufleet.lab.demo  # lab bundle, 3 offline lab hosts (lab "demo", left up), every stage, a chat
 
 test: lab-prereqs $(STAMP) lint  ## what CI runs: linters, then the pytest suite less the `heavy` tests
-	$(BIN)/pytest --durations=30 -m "not heavy" $(PARALLEL) $(PYTEST_ARGS)
+	$(BIN)/pytest --durations=30 -m "not heavy" $(PYTEST_ARGS)
 
 test-all: lab-prereqs $(STAMP) lint  ## everything, the heavy tests too (CUDA packages, serving scenarios)
-	$(BIN)/pytest --durations=30 $(PARALLEL) $(PYTEST_ARGS)
+	$(BIN)/pytest --durations=30 $(PYTEST_ARGS)
 
 check: $(STAMP) lint  ## the inner loop (about 2.5 min): linters, then the unit tests on both cores
-	$(BIN)/pytest -q -n 2 tests/unit $(PYTEST_ARGS)
+	$(BIN)/pytest -q -n 2 --dist loadfile tests/unit $(PYTEST_ARGS)
 
 lab-stress: lab-prereqs $(STAMP)  ## 50 lab up/down cycles and 50 resets, two labs side by side (not in make test)
 	$(BIN)/python benchmarks/lab_stress.py --markdown benchmarks/results/lab-stress.md

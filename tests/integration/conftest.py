@@ -41,46 +41,6 @@ SESSION_LAB_NODES = 3
 OWNED_LAB = re.compile(r"^pytest(?:-[a-z]+)?-(\d+)$")  # pytest-<pid>, pytest-<purpose>-<pid>
 
 
-# ----- the suite on two cores: `make test` runs pytest-xdist with --dist loadgroup --------------------------
-# A module's tests share state (module fixtures, a deployment the next test builds on, their order), so every
-# integration module is one xdist group: all its tests run in order on one worker. The modules listed in
-# INDEPENDENT hold tests that each make their own lab (Molecule scenarios) and spread over the workers.
-# Unit tests are independent too. Each worker has its own session lab (``pytest-<worker pid>``).
-INDEPENDENT = frozenset({"test_molecule"})
-# The slowest first (measured with --durations, seconds on the 2-core machine), so that the longest
-# chains start at once and the short ones fill the gaps: pytest runs with --no-loadscope-reorder, so this
-# order is the workers' queue. A module not listed runs after these, before the unit tests.
-SLOWEST_FIRST = (
-    "test_e2e",  # ~1000 s: the deployment and everything built on it, in one chain
-    "test_cancel",  # ~300 s
-    "test_molecule",  # ~550 s in 7 scenarios, each on its own
-    "test_model_fetch",
-    "test_relay_trust",
-    "test_image_distribution",
-    "test_collection",
-    "test_runner_local",
-    "test_lab_docker",
-    "test_nvidia_container_toolkit_role",
-    "test_install",
-)
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Group each integration module for xdist and order the slowest first (see SLOWEST_FIRST)."""
-    here = Path(__file__).parent
-
-    def rank(item: pytest.Item) -> int:
-        if item.path.parent != here:
-            return len(SLOWEST_FIRST) + 1  # unit tests last: they fill the end of the run
-        return SLOWEST_FIRST.index(item.path.stem) if item.path.stem in SLOWEST_FIRST else len(SLOWEST_FIRST)
-
-    for item in items:
-        if item.path.parent == here and item.path.stem not in INDEPENDENT:
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))
-    items.sort(key=rank)  # stable: each module keeps its own order
-
-
 def lab_name(purpose: str = "") -> str:
     """A lab name owned by this pytest process (cleaned up by a later session if this one dies)."""
     return f"pytest-{purpose}-{os.getpid()}" if purpose else f"pytest-{os.getpid()}"
