@@ -9,9 +9,18 @@ new gpufleet commit names every wheel's source anew) is summed up in one line pe
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Protocol, TypeVar
 
 from gpufleet.bundle.lock import Lock, LockedFile
+
+
+class _Pathed(Protocol):
+    @property
+    def path(self) -> str: ...
+
+
+_T = TypeVar("_T", bound=_Pathed)
 
 
 def _key(entry: LockedFile) -> str:
@@ -70,11 +79,15 @@ def _files(old: Lock, new: Lock) -> Iterator[str]:
         yield f"source of {count} unchanged file(s): {was_source!r} -> {now_source!r}"
 
 
-def _images(old: Lock, new: Lock) -> Iterator[str]:
-    before = {image.path: image for image in old.images}
-    after = {image.path: image for image in new.images}
+def _by_path(old: Sequence[_T], new: Sequence[_T]) -> Iterator[tuple[_T | None, _T | None]]:
+    """(old, new) for every path in either list, by path; None where one side lacks it."""
+    before, after = {item.path: item for item in old}, {item.path: item for item in new}
     for path in sorted(before.keys() | after.keys()):
-        was, now = before.get(path), after.get(path)
+        yield before.get(path), after.get(path)
+
+
+def _images(old: Lock, new: Lock) -> Iterator[str]:
+    for was, now in _by_path(old.images, new.images):
         if was is None and now is not None:
             yield f"added image {now.name}:{now.tag} (id {_short(now.id)}, vllm {now.vllm or '-'})"
         elif now is None and was is not None:
@@ -90,10 +103,7 @@ def _images(old: Lock, new: Lock) -> Iterator[str]:
 
 
 def _models(old: Lock, new: Lock) -> Iterator[str]:
-    before = {model.path: model for model in old.models}
-    after = {model.path: model for model in new.models}
-    for path in sorted(before.keys() | after.keys()):
-        was, now = before.get(path), after.get(path)
+    for was, now in _by_path(old.models, new.models):
         if was is None and now is not None:
             yield f"added model {now.repo} at revision {now.revision}"
         elif now is None and was is not None:
