@@ -15,6 +15,8 @@ import pytest
 from gpufleet.bundle.lock import LOCK_NAME, SIGNATURE_NAME, Lock, lock_entry, write_lock
 from gpufleet.cli import main
 
+from .test_bundle_verified import preflight_bundle
+
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 
@@ -132,27 +134,6 @@ def test_deploy_refuses_an_unsigned_bundle_before_any_stage(
     assert "Nothing was changed on any host." in err
 
 
-def preflight(
-    bundle: Path, tmp_path: Path, signers: Path | None, playbook: str = "playbooks/preflight.yml"
-) -> subprocess.CompletedProcess[str]:
-    """Only the control-node bundle check of a stage's playbook (tag preflight_bundle)."""
-    inventory = tmp_path / "inventory" / "hosts.yml"
-    inventory.parent.mkdir(exist_ok=True)
-    signer_line = f"        gpufleet_bundle_signers: {signers}\n" if signers else ""
-    inventory.write_text(
-        "all:\n  children:\n    gpu_nodes:\n      hosts:\n        node1: {ansible_connection: local}\n"
-        f"      vars:\n        gpufleet_bundle_dir: {bundle}\n{signer_line}"
-    )
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_NOCOLOR": "1",
-        "XDG_CACHE_HOME": str(tmp_path / "cache"),
-    }
-    argv = [str(ANSIBLE_PLAYBOOK), playbook, "-i", str(inventory), "--tags", "preflight_bundle"]
-    return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("case", "refusal"),
@@ -173,7 +154,7 @@ def test_preflight_refuses_the_bundle_before_any_host_changes(
         with (bundle / LOCK_NAME).open("a") as lock:
             lock.write("# one more line\n")
     relative = Path(os.path.relpath(keys["allowed"], tmp_path / "inventory"))  # relative to the inventory
-    run = preflight(bundle, tmp_path, relative)
+    run = preflight_bundle(bundle, tmp_path, signers=relative)
     assert run.returncode != 0, run.stdout
     assert refusal in run.stdout and "Nothing was changed on any host." in run.stdout, run.stdout
     assert "file(s) hashed" not in run.stdout  # the files were not even looked at
@@ -183,10 +164,10 @@ def test_preflight_refuses_the_bundle_before_any_host_changes(
 def test_preflight_takes_a_signed_bundle_and_an_unsigned_one_without_signers(
     bundle: Path, keys: dict[str, Path], tmp_path: Path
 ) -> None:
-    unsigned = preflight(bundle, tmp_path, None)
+    unsigned = preflight_bundle(bundle, tmp_path)
     assert unsigned.returncode == 0, unsigned.stdout
     assert cli("bundle", "sign", "--key", keys["builder"], bundle) == 0
-    signed = preflight(bundle, tmp_path, keys["allowed"])
+    signed = preflight_bundle(bundle, tmp_path, signers=keys["allowed"])
     assert signed.returncode == 0, signed.stdout
     assert "lock signed by builder@example.org (SHA256:" in signed.stdout
 
@@ -196,6 +177,6 @@ def test_a_stage_run_alone_refuses_an_unsigned_bundle(
     bundle: Path, keys: dict[str, Path], tmp_path: Path
 ) -> None:
     """`deploy --stages nodes` skips preflight: playbooks/bundle_check.yml checks the signature too."""
-    run = preflight(bundle, tmp_path, keys["allowed"], "playbooks/nodes.yml")
+    run = preflight_bundle(bundle, tmp_path, "playbooks/nodes.yml", signers=keys["allowed"])
     assert run.returncode != 0, run.stdout
     assert "found an unsigned lock" in run.stdout and "Gathering Facts" not in run.stdout

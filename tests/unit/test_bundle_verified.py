@@ -111,13 +111,17 @@ def test_an_unwritable_cache_only_costs_time(bundle: Path, tmp_path: Path) -> No
 
 
 def preflight_bundle(
-    bundle: Path, tmp_path: Path, playbook: str = "playbooks/preflight.yml"
+    bundle: Path, tmp_path: Path, playbook: str = "playbooks/preflight.yml", signers: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Only the control-node check of a stage's playbook (tag preflight_bundle); no host is changed."""
-    inventory = tmp_path / "hosts.yml"
+    """Only the control-node check of a stage's playbook (tag preflight_bundle); no host is changed.
+
+    The inventory is ``tmp_path/inventory/hosts.yml``; ``signers`` becomes gpufleet_bundle_signers."""
+    inventory = tmp_path / "inventory" / "hosts.yml"
+    inventory.parent.mkdir(exist_ok=True)
+    signer_line = f"        gpufleet_bundle_signers: {signers}\n" if signers else ""
     inventory.write_text(
         "all:\n  children:\n    gpu_nodes:\n      hosts:\n        node1: {ansible_connection: local}\n"
-        f"      vars:\n        gpufleet_bundle_dir: {bundle}\n"
+        f"      vars:\n        gpufleet_bundle_dir: {bundle}\n{signer_line}"
     )
     env = {
         **os.environ,
