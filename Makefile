@@ -7,6 +7,8 @@ STAMP := $(VENV)/.installed
 # Debian packages the lab, Molecule and the integration tests need on the control node.
 LAB_PACKAGES := systemd-container debootstrap git-lfs iptables iproute2 openssh-client
 PYTEST_ARGS ?=
+# Both cores: every test file goes whole to one of two workers, longest first (tests/conftest.py says why).
+PARALLEL := -n 2 --dist loadfile --no-loadscope-reorder
 
 .PHONY: demo test test-all check lint unit integration molecule venv lab-prereqs lab-stress clean
 
@@ -15,14 +17,14 @@ demo: lab-prereqs $(STAMP)  ## validate and plan inventories/prod; then the air-
 	$(BIN)/gpufleet plan -i inventories/prod
 	$(BIN)/python -m gpufleet.lab.demo  # lab bundle, 3 offline lab hosts (lab "demo", left up), every stage, a chat
 
-test: lab-prereqs $(STAMP) lint  ## what CI runs: linters, then the pytest suite less the `heavy` tests
-	$(BIN)/pytest --durations=30 -m "not heavy" $(PYTEST_ARGS)
+test: lab-prereqs $(STAMP)  ## what CI runs: the pytest suite less the `heavy` tests, linters included (tests/test_lint.py)
+	$(BIN)/pytest $(PARALLEL) --durations=40 -m "not heavy" $(PYTEST_ARGS)
 
-test-all: lab-prereqs $(STAMP) lint  ## everything, the heavy tests too (CUDA packages, serving scenarios)
-	$(BIN)/pytest --durations=30 $(PYTEST_ARGS)
+test-all: lab-prereqs $(STAMP)  ## everything, the heavy tests too (CUDA packages, serving scenarios)
+	$(BIN)/pytest $(PARALLEL) --durations=40 $(PYTEST_ARGS)
 
-check: $(STAMP) lint  ## the inner loop (about 2.5 min): linters, then the unit tests on both cores
-	$(BIN)/pytest -q -n 2 --dist loadfile tests/unit $(PYTEST_ARGS)
+check: $(STAMP)  ## the inner loop (about 2.5 min): the linters and the unit tests, on both cores
+	$(BIN)/pytest -q $(PARALLEL) tests/test_lint.py tests/unit $(PYTEST_ARGS)
 
 lab-stress: lab-prereqs $(STAMP)  ## 50 lab up/down cycles and 50 resets, two labs side by side (not in make test)
 	$(BIN)/python benchmarks/lab_stress.py --markdown benchmarks/results/lab-stress.md

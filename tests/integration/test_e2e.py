@@ -20,6 +20,7 @@ import base64
 import http.client
 import json
 import math
+import os
 import re
 import shutil
 import socket
@@ -35,9 +36,10 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import REPO, VENV_BIN, RunningLab, ansible_env, run_installed
+from cancel_support import CANCEL_SECONDS, Canceled, cancel_mid_artifacts, cgroups_available, images_on
 from tests.monitoring_assets import ALERT_NAMES, dashboards, metric_names, panel_queries, render_rules
 
+from conftest import REPO, VENV_BIN, RunningLab, ansible_env, run_installed
 from gpufleet.lab.demo import api_key_file, chat, lab_plan, route_to_bridge
 from gpufleet.lab.net import outbound_drops
 from gpufleet.lab.upgrade import BROKEN_MESSAGE, BROKEN_SUFFIX, UPGRADE_SUFFIX, image_id, make_images
@@ -54,6 +56,7 @@ class Deployment:
     first: DeployReport
     second: DeployReport
     outbound_packets: int
+    canceled: Canceled | None  # the first deploy, interrupted mid-artifacts (None without a pids cgroup)
 
     @property
     def key(self) -> str:
@@ -82,6 +85,11 @@ def deploy_from_wheel(installed: Path, inventory: Path, bundle: Path, cwd: Path,
     return DeployReport.model_validate_json(run.stdout)
 
 
+def wheel_env() -> dict[str, str]:
+    """The environment ``run_installed`` gives the installed wheel (no way back to the checkout)."""
+    return {k: v for k, v in os.environ.items() if k not in ("GPUFLEET_HOME", "PYTHONPATH", "VIRTUAL_ENV")}
+
+
 @pytest.fixture(scope="module")
 def deployment(
     lab: RunningLab, lab_bundle: Path, installed_gpufleet: Path, tmp_path_factory: pytest.TempPathFactory
@@ -91,13 +99,19 @@ def deployment(
     before = outbound_drops(lab.inventory.name)
     elsewhere = tmp_path_factory.mktemp("elsewhere")  # not the checkout: nothing found relative to it
     try:
+        canceled = None
+        if cgroups_available():  # the same deploy, interrupted mid-artifacts first (cancel_support.py)
+            argv = [str(installed_gpufleet / "gpufleet"), "deploy", "-i", str(inventory), "--bundle",
+                    str(lab_bundle), "-e", "gpufleet_monitoring=true", "--json"]  # fmt: skip
+            env = wheel_env() | {"PATH": f"{installed_gpufleet}:{os.environ.get('PATH', '')}"}
+            canceled = cancel_mid_artifacts(lab, inventory, lab_bundle, argv, cwd=elsewhere, env=env)
         first = deploy_from_wheel(installed_gpufleet, inventory, lab_bundle, elsewhere)
         second = (
             deploy_from_wheel(installed_gpufleet, inventory, lab_bundle, elsewhere) if first.ok else first
         )
         dropped = outbound_drops(lab.inventory.name) - before
         print(f"e2e: first deploy {first.seconds:.0f} s, second {second.seconds:.0f} s; dropped {dropped}")
-        yield Deployment(inventory, lab_bundle, first, second, dropped)
+        yield Deployment(inventory, lab_bundle, first, second, dropped, canceled)
     finally:
         lab.lab.reset()
 
@@ -126,6 +140,40 @@ def test_the_second_deploy_changes_nothing(deployment: Deployment) -> None:
     assert report.ok, failures(report)
     changed = {f"{s.name}/{h.host}": h.changed for s in report.stages for h in s.hosts if h.changed}
     assert changed == {}
+
+
+def test_sigint_mid_artifacts_stops_every_process_and_the_next_deploy_completes(
+    deployment: Deployment,
+) -> None:
+    """Cancel means stopped (issue 13 item 3): gpufleet exits within CANCEL_SECONDS with a canceled report; no
+    process of the run is left on this machine nor on the hosts (no docker load, no relay, no Ansible task or
+    async job); the fleet lock and the head's run marker are gone; the next deploy (the first above) completes
+    from where the cancel left the hosts."""
+    canceled = deployment.canceled
+    if canceled is None:
+        pytest.skip("no cgroup v1 pids hierarchy at /sys/fs/cgroup/pids")
+    assert canceled.returncode == 130, canceled.stderr[-3000:]
+    report = json.loads(canceled.stdout)
+    assert [stage["status"] for stage in report["stages"]][-1] == "canceled", report
+    assert report["stages"][-1]["name"] == "artifacts", report
+    assert canceled.took <= CANCEL_SECONDS, f"stopped after {canceled.took:.2f} s"
+    assert canceled.left_here == [], canceled.left_here
+    assert canceled.left_there == {}, canceled.left_there
+    assert canceled.lock_busy == "", canceled.lock_busy
+    assert canceled.marker == "", f"the run's marker is still on the head: {canceled.marker}"
+    assert deployment.first.ok, failures(deployment.first)
+
+
+def test_every_host_holds_each_image_of_the_bundle_once_with_its_pinned_id(
+    lab: RunningLab, deployment: Deployment
+) -> None:
+    """After a cancel mid-transfer and the deploys that followed: no image twice, none under another ID."""
+    lock = yaml.safe_load((deployment.bundle / "bundle.lock.yml").read_text(encoding="utf-8"))
+    for host in lab.hosts:
+        images = images_on(lab, host)
+        for image in lock["images"]:
+            name = f"{image['name']}:{image['tag']}"
+            assert [entry for entry in images if entry[0] == name] == [(name, image["id"])], (host, images)
 
 
 def tasks_run(report: DeployReport) -> dict[str, int]:
