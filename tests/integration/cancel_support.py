@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-
 from conftest import RunningLab
+
 from gpufleet.runner.fleet_lock import FleetBusyError, fleet_lock
 from gpufleet.runner.head_marker import MARKER_PATH
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 from cancel_support import start_in
-
 from conftest import REPO, VENV_BIN, RunningLab
+
 from gpufleet.runner.head_marker import MARKER_PATH, control_node
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.timeout(3600)]

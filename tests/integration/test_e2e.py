@@ -37,9 +37,9 @@ from typing import Any
 import pytest
 import yaml
 from cancel_support import CANCEL_SECONDS, Canceled, cancel_mid_artifacts, cgroups_available, images_on
+from conftest import REPO, VENV_BIN, RunningLab, ansible_env, run_installed
 from tests.monitoring_assets import ALERT_NAMES, dashboards, metric_names, panel_queries, render_rules
 
-from conftest import REPO, VENV_BIN, RunningLab, ansible_env, run_installed
 from gpufleet.lab.demo import api_key_file, chat, lab_plan, route_to_bridge
 from gpufleet.lab.net import outbound_drops
 from gpufleet.lab.upgrade import BROKEN_MESSAGE, BROKEN_SUFFIX, UPGRADE_SUFFIX, image_id, make_images
