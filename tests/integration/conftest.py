@@ -251,27 +251,45 @@ def run_molecule(scenario: str, extra_env: dict[str, str] | None = None, timeout
 # ----- the wheel, installed in a fresh venv outside the checkout (test_install.py, test_e2e.py) ------------
 
 
+def shared_between_workers(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """A folder every pytest-xdist worker of this run finds at the same place (the run's base temporary
+    folder; the session's own one in a run without workers). Hold ``file_lock(folder.with_suffix(".lock"))``
+    while filling it."""
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+
+
 @pytest.fixture(scope="session")
 def gpufleet_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel built from this checkout now (the product as pip would install it)."""
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(REPO)],
-        check=True, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    """The wheel built from this checkout now (the product as pip would install it); built once per run,
+    whichever worker asks first (test_install.py and test_e2e.py run on different ones)."""
+    out = shared_between_workers(tmp_path_factory, "wheel")
+    with file_lock(out.with_suffix(".lock")):
+        if not list(out.glob("gpufleet-*.whl")):
+            out.mkdir(exist_ok=True)
+            subprocess.run(
+                [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(REPO)],
+                check=True, capture_output=True, text=True, timeout=600,
+            )  # fmt: skip
     (built,) = out.glob("gpufleet-*.whl")
     return built
 
 
 @pytest.fixture(scope="session")
 def installed_gpufleet(gpufleet_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh venv holding the wheel and its dependencies (from the index); its bin directory."""
-    venv = tmp_path_factory.mktemp("venv")
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    subprocess.run(
-        [str(venv / "bin/pip"), "install", "--quiet", str(gpufleet_wheel)],
-        check=True, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    """A fresh venv holding the wheel and its dependencies (from the index); its bin directory. Made once
+    per run, like the wheel."""
+    venv = shared_between_workers(tmp_path_factory, "venv")
+    done = venv / ".installed"
+    with file_lock(venv.with_suffix(".lock")):
+        if not done.exists():
+            shutil.rmtree(venv, ignore_errors=True)  # a worker that died halfway
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+            subprocess.run(
+                [str(venv / "bin/pip"), "install", "--quiet", str(gpufleet_wheel)],
+                check=True, capture_output=True, text=True, timeout=600,
+            )  # fmt: skip
+            done.touch()
     return venv / "bin"
 
 
