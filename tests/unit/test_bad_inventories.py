@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from gpufleet.cli import main
+from gpufleet.fleet.inventory import own_prefixes
+from gpufleet.fleet.validate import role_variables
 
 REPO = Path(__file__).resolve().parents[2]
 VAULTED = """vllm_service_max_num_seqs: !vault |
@@ -70,6 +72,21 @@ CASES = {
         append("group_vars/gpu_nodes.yml", VAULTED.encode()),
         "found a vault-encrypted",
     ),
+    # every role's namespace is gpufleet's (the prefixes come from the argument specs, as validation's do)
+    "vault without password, monitoring": (
+        append(
+            "group_vars/gpu_nodes.yml",
+            VAULTED.replace("vllm_service_max_num_seqs", "monitoring_scrape_interval").encode(),
+        ),
+        "monitoring_scrape_interval: found a vault-encrypted",
+    ),
+    "vault without password, vllm_pd": (
+        append(
+            "group_vars/gpu_nodes.yml",
+            VAULTED.replace("vllm_service_max_num_seqs", "vllm_pd_proxy_port").encode(),
+        ),
+        "vllm_pd_proxy_port: found a vault-encrypted",
+    ),
     "ansible_host not an IP": (
         replace("hosts.yml", "ansible_host: 192.0.2.10", "ansible_host: 999.0.2.10"),
         "ansible_host: found '999.0.2.10'; expected an IP address or a host name",
@@ -114,3 +131,11 @@ def test_a_vaulted_secret_gpufleet_does_not_read_is_left_to_ansible(
 def test_the_unchanged_copy_is_valid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The cases above fail because of their one change, not because of the copy."""
     assert main(["validate", "-i", str(prod(tmp_path))]) == 0, capsys.readouterr().err
+
+
+def test_the_variables_gpufleet_reads_are_the_namespaces_validation_checks() -> None:
+    """One source for both: every role with argument specs (the vaulted-`monitoring_*` bug was a hand-kept
+    list here that had drifted from them)."""
+    roles = set(role_variables().values())
+    assert set(own_prefixes()) == {"gpufleet_", "ansible_host", *(f"{role}_" for role in roles)}
+    assert {"monitoring_", "vllm_pd_", "vllm_service_", "docker_"} <= set(own_prefixes())

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from gpufleet.paths import project_root
 from gpufleet.problems import InventoryError, Problem
 
 # Variables Ansible adds to every host; never the user's.
@@ -267,6 +268,7 @@ def _render(host: str, resolved: Mapping[str, Any], loader: Any) -> tuple[dict[s
     templar = Templar(loader=loader, variables=dict(resolved))
     rendered: dict[str, Any] = {}
     problems: list[Problem] = []
+    owned = own_prefixes()
     for name, value in resolved.items():
         if name in MAGIC_VARIABLES or name in {"ansible_facts", "ansible_version", "ansible_config_file"}:
             continue
@@ -278,7 +280,7 @@ def _render(host: str, resolved: Mapping[str, Any], loader: Any) -> tuple[dict[s
             message = str(error).splitlines()[0] if str(error) else type(error).__name__
             if isinstance(error, ReferenceError) or "vault" in message.lower():
                 # ansible-core reads vault values lazily: without a vault secret they cannot be read at all.
-                if name.startswith(OWN_PREFIXES):
+                if name.startswith(owned):
                     problems.append(
                         Problem(
                             f"host {host}",
@@ -301,20 +303,20 @@ def _render(host: str, resolved: Mapping[str, Any], loader: Any) -> tuple[dict[s
     return rendered, problems
 
 
-# Variables gpufleet reads; others (a vaulted become password, say) are left to Ansible.
-OWN_PREFIXES = (
-    "gpufleet_",
-    "vllm_service_",
-    "ray_cluster_",
-    "nvidia_driver_",
-    "cuda_toolkit_",
-    "docker_",
-    "nvidia_container_toolkit_",
-    "image_distribution_",
-    "model_fetch_",
-    "preflight_",
-    "ansible_host",
-)
+def own_prefixes(root: Path | None = None) -> tuple[str, ...]:
+    """The variables gpufleet reads: ``gpufleet_``, each role's namespace and ``ansible_host``; others (a
+    vaulted become password, say) are left to Ansible.
+
+    A role's namespace is ``<role>_`` for every role with argument specs, the roles validation reads its
+    variable names from (``validate.role_variables``): a new role's variables are gpufleet's the day it lands.
+    A hand-kept list here once missed ``monitoring_`` and ``vllm_pd_``, and a vaulted ``monitoring_*`` value
+    was skipped without a word.
+    """
+    root = root or project_root()
+    specs = sorted(root.glob("roles/*/meta/argument_specs.yml")) if root else []
+    return ("gpufleet_", *(f"{spec.parent.parent.name}_" for spec in specs), "ansible_host")
+
+
 HOSTS_SUFFIXES = (".yml", ".yaml", ".ini", ".cfg", "")
 
 
