@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.runner import core
+from gpufleet.runner import owned
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="subreaper and /proc: Linux")
 
@@ -33,7 +33,7 @@ def gone(pid: int) -> bool:
 def test_sigint_stops_the_runs_processes_and_keeps_our_childs_exit_status() -> None:
     previous = signal.signal(signal.SIGINT, lambda *_: None)  # as arguments._interruptible installs one
     try:
-        with core._OwnedProcesses():
+        with owned.OwnedProcesses():
             child = subprocess.Popen(["sleep", "60"])  # stands for ansible-playbook, waited for by pexpect
             orphan = int(
                 subprocess.run(

@@ -194,7 +194,7 @@ def runner_arguments(
             "suppress_ansible_output": True,
             "suppress_output_file": True,
             # How often ansible-runner asks cancel_callback while ansible-playbook is silent (default 5 s):
-            # a cancel must stop everything within gpufleet.runner.core.CANCEL_SECONDS.
+            # a cancel must stop everything within gpufleet.runner.owned.CANCEL_SECONDS.
             "pexpect_timeout": PEXPECT_TIMEOUT,
         },
     }

@@ -1,0 +1,106 @@
+"""Runs on each host after a canceled run (``python3 - STARTED RUN_ID MARKER``, sent on stdin by
+:func:`gpufleet.runner.owned.host_cleanup_command`); never imported on the control node.
+
+Kills, whole trees: an Ansible module invocation (``/bin/sh -c '... && sleep 0'``) whose ssh session is gone
+(ppid 1), and an async job (async_wrapper) this run started. STARTED is the run's start on the control node's
+clock, which Ansible writes into the remote temporary directories' names. SIGTERM first, SIGKILL after 2.5 s,
+done within 4.5 s. Then the head's run marker (MARKER) is removed when it is still this run's (RUN_ID; ``-``
+for none). Standard library only: the host's python3 runs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import sys
+import time
+
+# Annotations only (postponed): a host's python3 may be older than the control node's.
+
+
+def table() -> dict[int, tuple[int, list[str]]]:
+    """Every live process (zombies left out): pid -> (ppid, argv)."""
+    found: dict[int, tuple[int, list[str]]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                stat = handle.read()
+            with open(f"/proc/{name}/cmdline", "rb") as handle:
+                argv = handle.read().split(b"\0")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        if fields[0] not in (b"Z", b"X"):
+            found[int(name)] = (int(fields[1]), [part.decode("utf-8", "replace") for part in argv if part])
+    return found
+
+
+def roots(procs: dict[int, tuple[int, list[str]]], started: float) -> set[int]:
+    """The orphaned module invocations, and the async jobs of a run that started at ``started``."""
+    out: set[int] = set()
+    for pid, (ppid, argv) in procs.items():
+        text = " ".join(argv)
+        if ppid == 1 and argv[:2] == ["/bin/sh", "-c"] and text.endswith("&& sleep 0"):
+            out.add(pid)
+        stamp = re.search(r"ansible-tmp-(\d+(?:\.\d+)?)-", text)
+        if ppid == 1 and "async_wrapper" in text and stamp and float(stamp.group(1)) >= started:
+            out.add(pid)
+    return out
+
+
+def trees(procs: dict[int, tuple[int, list[str]]], top: set[int], me: int) -> set[int]:
+    """``top`` and every descendant, less this process."""
+    tree = set(top)
+    while True:
+        more = {pid for pid, (ppid, _) in procs.items() if ppid in tree} - tree
+        if not more:
+            return tree - {me}
+        tree |= more
+
+
+def kill_left(started: float, me: int) -> tuple[int, int]:
+    """(processes signalled, processes still alive at the end)."""
+    deadline = time.time() + 2.5
+    killed: set[int] = set()
+    signal_number = signal.SIGTERM
+    while True:
+        procs = table()
+        left = trees(procs, roots(procs, started) | (killed & set(procs)), me)
+        if not left or time.time() > deadline + 2:
+            return len(killed), len(left)
+        if time.time() > deadline:
+            signal_number = signal.SIGKILL
+        for pid in left:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal_number)
+        killed |= left
+        time.sleep(0.2)
+
+
+def release_marker(run_id: str, marker: str) -> None:
+    """Remove the head's run marker when it is this run's (a later run's is left alone)."""
+    if run_id == "-":
+        return
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        with open(marker, encoding="utf-8") as handle:
+            holder = json.load(handle)
+        if holder.get("run_id") == run_id:
+            os.unlink(marker)
+
+
+def main(argv: list[str]) -> int:
+    started = float(argv[1])
+    killed, left = kill_left(started, os.getpid())
+    if len(argv) > 3:
+        release_marker(argv[2], argv[3])
+    print(f"gpufleet cleanup: {killed} killed, {left} left")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
