@@ -239,6 +239,7 @@ def _load_with_ansible(path: Path) -> tuple[list[RawHost], list[Problem]]:
         ) from None
     hosts: list[RawHost] = []
     problems: list[Problem] = []
+    owned = own_prefixes()
     for host in manager.get_hosts():
         try:
             resolved = variables.get_vars(host=host, include_hostvars=False)
@@ -254,21 +255,22 @@ def _load_with_ansible(path: Path) -> tuple[list[RawHost], list[Problem]]:
                     )
                 ]
             ) from None
-        rendered, host_problems = _render(host.name, resolved, loader)
+        rendered, host_problems = _render(host.name, resolved, loader, owned)
         problems += host_problems
         groups = frozenset(group.name for group in host.get_groups())
         hosts.append(RawHost(host.name, groups, rendered))
     return hosts, problems
 
 
-def _render(host: str, resolved: Mapping[str, Any], loader: Any) -> tuple[dict[str, Any], list[Problem]]:
+def _render(
+    host: str, resolved: Mapping[str, Any], loader: Any, owned: tuple[str, ...]
+) -> tuple[dict[str, Any], list[Problem]]:
     from ansible.errors import AnsibleError  # noqa: PLC0415
     from ansible.template import Templar  # noqa: PLC0415
 
     templar = Templar(loader=loader, variables=dict(resolved))
     rendered: dict[str, Any] = {}
     problems: list[Problem] = []
-    owned = own_prefixes()
     for name, value in resolved.items():
         if name in MAGIC_VARIABLES or name in {"ansible_facts", "ansible_version", "ansible_config_file"}:
             continue
