@@ -297,9 +297,15 @@ def run_installed(
     bin_dir: Path, *args: str, cwd: Path, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
     """``gpufleet ARGS`` from the installed wheel, with no way back to the checkout (no GPUFLEET_HOME)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("GPUFLEET_HOME", "PYTHONPATH", "VIRTUAL_ENV")}
-    env["PATH"] = f"{bin_dir}:{env.get('PATH', '')}"
     return subprocess.run(
         [str(bin_dir / "gpufleet"), *args],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False,
+        cwd=cwd, env=installed_env(bin_dir), capture_output=True, text=True, timeout=timeout, check=False,
     )  # fmt: skip
+
+
+def installed_env(bin_dir: Path) -> dict[str, str]:
+    """The environment for the installed wheel's ``gpufleet``: its bin directory first on PATH, and nothing
+    that leads back to the checkout (GPUFLEET_HOME, PYTHONPATH, VIRTUAL_ENV)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GPUFLEET_HOME", "PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = f"{bin_dir}:{env.get('PATH', '')}"
+    return env

@@ -20,7 +20,6 @@ import base64
 import http.client
 import json
 import math
-import os
 import re
 import shutil
 import socket
@@ -37,7 +36,7 @@ from typing import Any
 import pytest
 import yaml
 from cancel_support import CANCEL_SECONDS, Canceled, cancel_mid_artifacts, cgroups_available, images_on
-from conftest import REPO, VENV_BIN, RunningLab, ansible_env, run_installed
+from conftest import REPO, VENV_BIN, RunningLab, ansible_env, installed_env, run_installed
 from tests.monitoring_assets import ALERT_NAMES, dashboards, metric_names, panel_queries, render_rules
 
 from gpufleet.lab.demo import api_key_file, chat, lab_plan, route_to_bridge
@@ -63,10 +62,9 @@ class Deployment:
         return api_key_file(self.inventory).read_text(encoding="utf-8").strip()
 
 
-def deploy_from_wheel(installed: Path, inventory: Path, bundle: Path, cwd: Path, *more: str) -> DeployReport:
-    """`gpufleet deploy --json` of the installed wheel (with ``more`` arguments); its report, parsed."""
-    run = run_installed(
-        installed,
+def deploy_args(inventory: Path, bundle: Path, *more: str) -> list[str]:
+    """The arguments of the module's `gpufleet deploy --json` (with ``more`` arguments)."""
+    return [
         "deploy",
         "-i",
         str(inventory),
@@ -76,18 +74,16 @@ def deploy_from_wheel(installed: Path, inventory: Path, bundle: Path, cwd: Path,
         "gpufleet_monitoring=true",  # the optional stage, on as in inventories/prod
         *more,
         "--json",
-        cwd=cwd,
-        timeout=3000,
-    )
+    ]
+
+
+def deploy_from_wheel(installed: Path, inventory: Path, bundle: Path, cwd: Path, *more: str) -> DeployReport:
+    """`gpufleet deploy --json` of the installed wheel (with ``more`` arguments); its report, parsed."""
+    run = run_installed(installed, *deploy_args(inventory, bundle, *more), cwd=cwd, timeout=3000)
     assert run.stdout.strip(), (
         f"gpufleet deploy printed no report (exit {run.returncode}): {run.stderr[-3000:]}"
     )
     return DeployReport.model_validate_json(run.stdout)
-
-
-def wheel_env() -> dict[str, str]:
-    """The environment ``run_installed`` gives the installed wheel (no way back to the checkout)."""
-    return {k: v for k, v in os.environ.items() if k not in ("GPUFLEET_HOME", "PYTHONPATH", "VIRTUAL_ENV")}
 
 
 @pytest.fixture(scope="module")
@@ -101,9 +97,8 @@ def deployment(
     try:
         canceled = None
         if cgroups_available():  # the same deploy, interrupted mid-artifacts first (cancel_support.py)
-            argv = [str(installed_gpufleet / "gpufleet"), "deploy", "-i", str(inventory), "--bundle",
-                    str(lab_bundle), "-e", "gpufleet_monitoring=true", "--json"]  # fmt: skip
-            env = wheel_env() | {"PATH": f"{installed_gpufleet}:{os.environ.get('PATH', '')}"}
+            argv = [str(installed_gpufleet / "gpufleet"), *deploy_args(inventory, lab_bundle)]
+            env = installed_env(installed_gpufleet)
             canceled = cancel_mid_artifacts(lab, inventory, lab_bundle, argv, cwd=elsewhere, env=env)
         first = deploy_from_wheel(installed_gpufleet, inventory, lab_bundle, elsewhere)
         second = (
