@@ -243,6 +243,58 @@ def test_the_fleet_check_reads_dockers_answers_from_its_api_as_the_cli_gives_the
     assert '"runc"' in answers[3]["cli"][1], answers[3]
 
 
+# A login with sudo, as most fleets have (the lab logs in as root): the same SSH key, sudo without a password.
+_SUDO_LOGIN = (
+    "useradd -m -s /bin/bash deployer && install -d -m 700 -o deployer -g deployer ~deployer/.ssh"
+    " && install -m 600 -o deployer -g deployer /root/.ssh/authorized_keys ~deployer/.ssh/"
+    " && echo 'deployer ALL=(ALL) NOPASSWD: ALL' > /etc/sudoers.d/deployer"
+    " && chmod 440 /etc/sudoers.d/deployer"
+)
+
+
+def test_a_login_that_is_not_root_deploys_through_sudo(
+    lab: RunningLab, deployment: Deployment, installed_gpufleet: Path, tmp_path: Path
+) -> None:
+    """Most fleets log in as a user with sudo, not as root. The fast path gives way when one node differs:
+    with node2 drifted, a whole deploy through such a login finds it in node2's fleet check (the report says
+    what), runs every stage's checks on every node through sudo, and each role's own check converges only
+    what drifted (the docker role on node2); the next one takes the fast path again, each node's fleet
+    check running the node's copy of the module under sudo (not Ansible's module wrapper, which would also
+    answer). The login user is not part of the deployment: nothing else changes. (This test also holds
+    what a separate whole deploy with one node drifted, as root, asserted before; it runs on the fleet the
+    second deploy left in sync, before the nodes-only drift below changes the role stamps' inputs.)"""
+    since = lab.ssh(lab.hosts[0], "date +%s").stdout.strip()
+    login = ("-e", "ansible_user=deployer")
+    as_deployer = (installed_gpufleet, deployment.inventory, deployment.bundle, tmp_path, *login)
+    try:
+        for host in lab.hosts:
+            made = lab.ssh(host, _SUDO_LOGIN)
+            assert made.returncode == 0, made.stderr
+        lab.ssh(lab.hosts[1], ["rm", "/etc/sysctl.d/90-docker.conf"])
+        report = deploy_from_wheel(*as_deployer)
+        assert report.ok, failures(report)
+        assert not any(stage.in_sync for stage in report.stages)
+        assert report.not_in_sync == {
+            "node2": "fleet: docker: /etc/sysctl.d/90-docker.conf changed since the last converge"
+        }, report.not_in_sync
+        assert {f"{s.name}/{h.host}": h.changed for s in report.stages for h in s.hosts if h.changed} == {
+            "nodes/node2": 1
+        }
+        assert lab.ssh(lab.hosts[1], ["test", "-s", "/etc/sysctl.d/90-docker.conf"]).returncode == 0
+        again = deploy_from_wheel(*as_deployer)
+        assert again.ok and again.changed == 0, failures(again)
+        assert [s.name for s in again.stages if s.in_sync] == ["nodes", "artifacts", "cluster", "serve"]
+        assert again.verify is not None and again.verify.unauthorized_status == 401, again.verify
+        for host in lab.hosts:
+            said = lab.ssh(host, f"journalctl -q --no-pager _COMM=sudo --since @{since}").stdout
+            fleet_check = [line for line in said.splitlines() if "gpufleet-converged --fleet-check" in line]
+            assert len(fleet_check) == 2, said  # both runs' checks, through sudo
+            assert "deployer" in fleet_check[0] and "USER=root" in fleet_check[0], fleet_check
+    finally:
+        for host in lab.hosts:
+            lab.ssh(host, "rm -f /etc/sudoers.d/deployer; pkill -u deployer; userdel -r deployer")
+
+
 def test_a_drifted_node_is_put_back_and_only_its_role_converges(
     lab: RunningLab, deployment: Deployment
 ) -> None:
@@ -260,76 +312,6 @@ def test_a_drifted_node_is_put_back_and_only_its_role_converges(
     again = deploy(deployment.inventory, stages=["nodes"])
     assert again.ok and again.changed == 0, failures(again)
     assert tasks_run(again)["nodes/node2"] < tasks_run(report)["nodes/node2"] / 2  # skipped again
-
-
-def test_a_drift_on_one_node_makes_the_whole_deploy_check_every_role_and_converge_only_there(
-    lab: RunningLab, deployment: Deployment, installed_gpufleet: Path, tmp_path: Path
-) -> None:
-    """The fast path gives way when one node differs: node3's fleet check names what, every stage runs,
-    each role's own check converges only what drifted (the docker role on node3), and the next run is fast."""
-    lab.ssh(lab.hosts[2], ["rm", "/etc/sysctl.d/90-docker.conf"])
-    report = deploy_from_wheel(installed_gpufleet, deployment.inventory, deployment.bundle, tmp_path)
-    assert report.ok, failures(report)
-    assert not any(stage.in_sync for stage in report.stages)
-    # why, in the report: node3 at least (the test before ran the nodes stage without the bundle, another
-    # input, so every node's role stamps may differ too; test_a_login_that_is_not_root_… checks the exact
-    # reason on a fleet this deploy left in sync)
-    assert "node3" in report.not_in_sync, report.not_in_sync
-    assert all(why.startswith("fleet: ") for why in report.not_in_sync.values()), report.not_in_sync
-    assert {f"{s.name}/{h.host}": h.changed for s in report.stages for h in s.hosts if h.changed} == {
-        "nodes/node3": 1
-    }
-    assert lab.ssh(lab.hosts[2], ["test", "-s", "/etc/sysctl.d/90-docker.conf"]).returncode == 0
-    again = deploy_from_wheel(installed_gpufleet, deployment.inventory, deployment.bundle, tmp_path)
-    assert again.ok and again.changed == 0, failures(again)
-    assert [s.name for s in again.stages if s.in_sync] == ["nodes", "artifacts", "cluster", "serve"]
-
-
-# A login with sudo, as most fleets have (the lab logs in as root): the same SSH key, sudo without a password.
-_SUDO_LOGIN = (
-    "useradd -m -s /bin/bash deployer && install -d -m 700 -o deployer -g deployer ~deployer/.ssh"
-    " && install -m 600 -o deployer -g deployer /root/.ssh/authorized_keys ~deployer/.ssh/"
-    " && echo 'deployer ALL=(ALL) NOPASSWD: ALL' > /etc/sudoers.d/deployer"
-    " && chmod 440 /etc/sudoers.d/deployer"
-)
-
-
-def test_a_login_that_is_not_root_deploys_through_sudo(
-    lab: RunningLab, deployment: Deployment, installed_gpufleet: Path, tmp_path: Path
-) -> None:
-    """Most fleets log in as a user with sudo, not as root. With one node drifted, a whole deploy through
-    such a login runs every stage's checks on every node through sudo and converges the drift; the next one
-    takes the fast path, each node's fleet check running the node's copy of the module under sudo (not
-    Ansible's module wrapper, which would also answer). The login user is not part of the deployment:
-    nothing else changes."""
-    since = lab.ssh(lab.hosts[0], "date +%s").stdout.strip()
-    login = ("-e", "ansible_user=deployer")
-    as_deployer = (installed_gpufleet, deployment.inventory, deployment.bundle, tmp_path, *login)
-    try:
-        for host in lab.hosts:
-            made = lab.ssh(host, _SUDO_LOGIN)
-            assert made.returncode == 0, made.stderr
-        lab.ssh(lab.hosts[1], ["rm", "/etc/sysctl.d/90-docker.conf"])
-        report = deploy_from_wheel(*as_deployer)
-        assert report.ok, failures(report)
-        assert report.not_in_sync == {
-            "node2": "fleet: docker: /etc/sysctl.d/90-docker.conf changed since the last converge"
-        }, report.not_in_sync
-        assert {f"{s.name}/{h.host}": h.changed for s in report.stages for h in s.hosts if h.changed} == {
-            "nodes/node2": 1
-        }
-        again = deploy_from_wheel(*as_deployer)
-        assert again.ok and again.changed == 0, failures(again)
-        assert [s.name for s in again.stages if s.in_sync] == ["nodes", "artifacts", "cluster", "serve"]
-        assert again.verify is not None and again.verify.unauthorized_status == 401, again.verify
-        for host in lab.hosts:
-            said = lab.ssh(host, f"journalctl -q --no-pager _COMM=sudo --since @{since}").stdout
-            fleet_check = [line for line in said.splitlines() if "gpufleet-converged --fleet-check" in line]
-            assert len(fleet_check) == 2, said  # both runs' checks, through sudo
-            assert "deployer" in fleet_check[0] and "USER=root" in fleet_check[0], fleet_check
-    finally:
-        for host in lab.hosts:
-            lab.ssh(host, "rm -f /etc/sudoers.d/deployer; pkill -u deployer; userdel -r deployer")
 
 
 def test_no_host_sent_anything_beyond_the_lab(deployment: Deployment) -> None:

@@ -85,6 +85,9 @@ def render(lab: LabInventory) -> str:
             "ansible_ssh_private_key_file": str(lab.key),
             "ansible_ssh_common_args": SSH_COMMON_ARGS,
             "ansible_python_interpreter": "/usr/bin/python3",
+            # Lab hosts sit on a local bridge: SSH compression (mitogen turns it on by default) only
+            # costs CPU at both ends, as on a cluster network (runner/arguments.py MITOGEN_VARS).
+            "mitogen_ssh_compression": False,
             "gpufleet_node_ip": host.ip,
             "gpufleet_nic": "eth0",
             "gpufleet_gpu": False,
