@@ -77,6 +77,9 @@ def test_the_tarball_holds_the_collection_only(collection: Path) -> None:
     )
     for kept_out in (*outside, "setup.py"):
         assert not [name for name in names if name.startswith(kept_out)], kept_out
+    # of tests/, ansible-test's ignore files only: no test helper (tests/monitoring_assets.py shipped once)
+    helpers = [name for name in names if name.startswith("tests/") and not name.startswith("tests/sanity")]
+    assert helpers == [], helpers
 
 
 def test_site_passes_the_syntax_check_by_its_collection_name(collection: Path) -> None:
