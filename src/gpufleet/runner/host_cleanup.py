@@ -22,6 +22,8 @@ import sys
 import time
 
 # Annotations only (postponed): a host's python3 may be older than the control node's.
+
+# The title mitogen gives each context it starts on a host: python3(mitogen:<user>@<control node>:<pid>).
 MITOGEN_TITLE = re.compile(r"\S*python[\d.]*\(mitogen:")
 
 
