@@ -23,9 +23,17 @@ pytestmark = [pytest.mark.lab, pytest.mark.slow]
 COMPRESSIONS = ("none", "gzip", "zstd")
 
 
+def install_docker(lab: RunningLab) -> None:
+    """Debian's docker.io (and zstd) on every host of the lab, unless a module before this one installed them
+    on these very hosts (the session lab is reset only by the modules that deploy)."""
+    probe = "test -x /usr/sbin/dockerd && command -v zstd"
+    if not all(lab.ssh(host, probe).returncode == 0 for host in lab.hosts):
+        install_debs(lab, {"docker.io": "", "zstd": ""})
+
+
 @pytest.fixture(scope="module")
 def docker_on_hosts(lab: RunningLab) -> None:
-    install_debs(lab, {"docker.io": "", "zstd": ""})
+    install_docker(lab)
 
 
 @pytest.fixture(scope="module")

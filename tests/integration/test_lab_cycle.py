@@ -15,6 +15,7 @@ from conftest import RunningLab, lab_name
 from gpufleet.lab import Lab
 from gpufleet.lab import host as lab_host
 from gpufleet.lab import net as lab_net
+from gpufleet.lab.state import lab_dir
 from gpufleet.lab.system import run, state_root
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -98,6 +99,12 @@ def test_reset_gives_fresh_hosts_on_the_same_addresses(own_lab: list[Lab]) -> No
     for host in after.hosts:
         assert handle.ssh(host.name, "test ! -e /root/left-over").returncode == 0
     assert len(footprint(handle.name, handle.state().index)["mounts"]) == 3
+    # a reset that does not wait for the old upper dirs to go: fresh hosts at once, the trash gone after
+    assert handle.ssh("node1", "touch /root/left-over").returncode == 0
+    handle.reset(wait=False)
+    assert handle.ssh("node1", "test ! -e /root/left-over").returncode == 0
+    handle.wait_for_cleanup()
+    assert sorted(path.name for path in lab_dir(handle.name).glob("trash-*")) == []
 
 
 def test_next_up_cleans_a_crashed_lab(own_lab: list[Lab]) -> None:

@@ -8,13 +8,16 @@ online path needs on the seed, are installed from Debian .debs downloaded here (
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import shutil
 import subprocess
 import tarfile
+import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -31,38 +34,47 @@ pytestmark = [pytest.mark.lab, pytest.mark.slow]
 REPO_ID = "gpufleet/tiny-qwen2"
 MODEL_DIR = "/opt/models/tiny-qwen2"
 CACHE = Path.home() / ".cache" / "gpufleet" / "host-debs"
+# Test setup, not the product: --force-unsafe-io skips dpkg's fsync of every unpacked file (a lab host is
+# thrown away, not crashed; issue 33).
 INSTALL_DEBS = (
     "rm -rf /tmp/debs && mkdir /tmp/debs && tar -C /tmp/debs -x && DEBIAN_FRONTEND=noninteractive "
-    "dpkg -i /tmp/debs/*.deb >/tmp/debs.log 2>&1 || { tail -20 /tmp/debs.log; exit 1; }"
+    "dpkg --force-unsafe-io -i /tmp/debs/*.deb >/tmp/debs.log 2>&1 || { tail -20 /tmp/debs.log; exit 1; }"
 )
 MARKER = f"{MODEL_DIR}/.gpufleet-model.json"
 
 
 def install_debs(lab: RunningLab, packages: dict[str, str], cache: Path = CACHE) -> None:
     """Install Debian packages on every lab host from .debs downloaded here (the hosts are offline)."""
-    host = lab.hosts[0]
-    status = cache / "status"
-    cache.mkdir(parents=True, exist_ok=True)
-    status.write_text(lab.ssh(host, "cat /var/lib/dpkg/status", timeout=30).stdout)
-    debs = cache / "-".join(sorted(packages))
-    if not any(debs.glob("*.deb")):
-        ctx = BuildContext(out=cache, manifest_dir=cache)
+    debs = cache / "-".join(sorted(packages))  # molecule/image_distribution/prepare.yml reads docker.io-zstd
+    if not any(debs.glob("*.deb")):  # downloaded aside, then renamed: a reader never sees half a set
+        cache.mkdir(parents=True, exist_ok=True)
+        fresh = Path(tempfile.mkdtemp(dir=cache, prefix=".download-"))
+        status = fresh / "status"
+        status.write_text(lab.ssh(lab.hosts[0], "cat /var/lib/dpkg/status", timeout=30).stdout)
+        ctx = BuildContext(out=fresh, manifest_dir=fresh)
         Apt(ctx, "http://deb.debian.org/debian", "bookworm", ["main"], status=status).download(
-            packages, debs, with_dependencies=True
+            packages, fresh / "debs", with_dependencies=True
         )
+        with contextlib.suppress(OSError):  # another worker's set got there first
+            (fresh / "debs").rename(debs)
+        shutil.rmtree(fresh, ignore_errors=True)
     archive = io.BytesIO()
     with tarfile.open(fileobj=archive, mode="w") as tar:
         for deb in sorted(debs.glob("*.deb")):
             tar.add(deb, arcname=deb.name)
-    for name in lab.hosts:
-        result = subprocess.run(
+
+    def install(name: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
             [*lab.lab.ssh_argv(name), INSTALL_DEBS],
             input=archive.getvalue(),
             capture_output=True,
             timeout=600,
             check=False,
         )
-        assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+
+    with ThreadPoolExecutor(max_workers=len(lab.hosts)) as pool:  # every host at once, as the roles would
+        for name, result in zip(lab.hosts, pool.map(install, lab.hosts), strict=True):
+            assert result.returncode == 0, (name, result.stdout.decode() + result.stderr.decode())
 
 
 @pytest.fixture(scope="module")

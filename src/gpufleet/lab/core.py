@@ -39,6 +39,8 @@ __all__ = ["DEFAULT_LAB", "HostStatus", "Lab", "LabError", "LabHost", "LabInvent
 T = TypeVar("T")
 SSH_READY_TIMEOUT = 120.0
 INVENTORY_MARK = "# Written by `gpufleet lab up"
+# lab name -> the threads deleting what this process's resets of it left behind (Lab.reset, wait=False)
+_CLEANERS: dict[str, list[threading.Thread]] = {}
 
 
 @dataclass(frozen=True)
@@ -102,14 +104,20 @@ class Lab:
 
     def down(self) -> bool:
         """Tear the lab down completely; False (not an error) when there was no lab of that name."""
+        self.wait_for_cleanup()
         with self._lock():
             state = lab_state.load(self.name)
             if state is not None:
                 _teardown(state)
             return state is not None
 
-    def reset(self) -> LabInventory:
-        """Fresh hosts on the same network and inventory: kill, new overlay upper dirs, boot, SSH ready."""
+    def reset(self, *, wait: bool = True) -> LabInventory:
+        """Fresh hosts on the same network and inventory: kill, new overlay upper dirs, boot, SSH ready.
+
+        The old upper dirs are deleted in a thread while the hosts boot; ``wait=False`` returns without
+        waiting for it (a deployed lab's image layers take tens of seconds to delete). :meth:`down` and
+        :meth:`wait_for_cleanup` wait for it, and so does this process at its exit (not a daemon thread).
+        """
         with self._lock():
             state = lab_state.load(self.name)
             if state is None:
@@ -118,10 +126,17 @@ class Lab:
             _parallel(lambda host: _stop_host(state, host, trash), state.hosts)
             cleaner = threading.Thread(target=shutil.rmtree, args=(trash,), kwargs={"ignore_errors": True})
             cleaner.start()
+            _CLEANERS.setdefault(self.name, []).append(cleaner)
             _parallel(lambda host: _start_host(state, host), state.hosts)
             _wait_for_ssh(state)
+        if wait:
+            self.wait_for_cleanup()
+        return _inventory(state)
+
+    def wait_for_cleanup(self) -> None:
+        """Wait until the upper dirs that this process's resets left to delete are gone."""
+        for cleaner in _CLEANERS.pop(self.name, []):
             cleaner.join()
-            return _inventory(state)
 
     # ----- inspection and access -------------------------------------------------------------------------
 
