@@ -9,6 +9,9 @@ LAB_PACKAGES := systemd-container debootstrap git-lfs iptables iproute2 openssh-
 PYTEST_ARGS ?=
 # Both cores: every test file goes whole to one of two workers, longest first (tests/conftest.py says why).
 PARALLEL := -n 2 --dist loadfile --no-loadscope-reorder
+# Let Python keep the bytecode of the checkout's modules (src/, plugins/: gitignored __pycache__): with
+# PYTHONDONTWRITEBYTECODE set (this machine sets it), every Ansible worker compiled gpufleet's sources again.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: demo test test-all check lint unit integration molecule venv lab-prereqs lab-stress clean
 

@@ -3,6 +3,13 @@
 The one reader of the lock on the Ansible side: every role asks this adapter, which calls
 :func:`gpufleet.bundle.read_lock`, the reader ``gpufleet bundle verify`` uses. So there is one parser, one
 schema and one error for a missing or corrupt lock (its path and the fix), not a copy per role.
+
+Ansible runs each task in a fresh worker process, and the roles template variables that use this lookup in
+many tasks: importing the reader (the bundle package, pydantic) cost each of them about 0.4 s of CPU, a sixth
+of ansible-playbook's CPU in a profile of a lab deploy. So what the reader returned is kept as JSON in the
+user's cache (``$XDG_CACHE_HOME/gpufleet/locks/``), keyed by the lock file's identity (path, device, inode,
+size, mtime_ns, ctime_ns: a rewritten or replaced lock has another) and the reader's (its source files'):
+a later task reads that JSON and imports nothing of gpufleet.
 """
 
 from __future__ import annotations
@@ -26,6 +33,9 @@ notes:
   - Runs on the control node. The gpufleet Python package must be importable by the Python that runs
     ansible-playbook (it is in gpufleet's virtual environment).
   - With one directory C(lookup) returns that bundle's lock; C(query) always returns a list of locks.
+  - What it read is kept as JSON under C($XDG_CACHE_HOME/gpufleet/locks/) (C(~/.cache) without it), keyed by
+    the lock file's identity (path, device, inode, size, modification and change times) and the reader's, so
+    a later task reads that instead of importing the reader again; a rewritten lock is read again.
 """
 
 EXAMPLES = r"""
@@ -84,11 +94,68 @@ _raw:
         url: {description: Where it was cloned from., type: str}
 """
 
+import hashlib
+import importlib.util
+import json
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
+
+LOCK_NAME = "bundle.lock.yml"  # gpufleet.bundle.lock.LOCK_NAME (not imported: see the module's docstring)
+
+
+def _cache_file(bundle: Path) -> Path | None:
+    """Where the lock of ``bundle`` read by this reader is kept; None when either cannot be identified."""
+    spec = importlib.util.find_spec("gpufleet")  # imports nothing for a top-level package
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        package = Path(spec.submodule_search_locations[0], "bundle")
+        files = [(bundle / LOCK_NAME).resolve(), package / "lock.py", package / "manifest.py"]  # data, schema
+        identity = [
+            [str(path), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
+            for path, info in ((path, path.stat()) for path in files)
+        ]
+    except OSError:
+        return None  # no lock there: the reader says so, with the fix
+    key = hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:32]
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base, "gpufleet", "locks", f"{key}.json")
+
+
+def _read(bundle: Path) -> dict[str, Any]:
+    cache = _cache_file(bundle)
+    if cache is not None:
+        try:
+            cached: dict[str, Any] = json.loads(cache.read_text(encoding="utf-8"))
+            return cached
+        except (OSError, ValueError):
+            pass  # not kept yet, or unreadable: read the lock
+    try:
+        from gpufleet.bundle.lock import LockError, read_lock  # noqa: PLC0415 - fail with a fix, not a traceback
+    except ImportError as exc:
+        raise AnsibleLookupError(
+            "gpufleet_bundle_lock: the gpufleet Python package is not importable by this "
+            f"ansible-playbook's Python ({exc}). Fix: install it into the same environment "
+            "(pip install -e . in the gpufleet checkout)."
+        ) from None
+    try:
+        lock: dict[str, Any] = read_lock(bundle).model_dump(mode="json")
+    except LockError as exc:  # its message names the lock file and the fix
+        raise AnsibleLookupError(str(exc)) from None
+    if cache is not None:
+        try:  # written whole, then renamed: a reader never sees half of it
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=cache.parent, delete=False, encoding="utf-8") as out:
+                json.dump(lock, out)
+            os.replace(out.name, cache)
+        except OSError:
+            pass  # a read-only cache only costs the next task this read again
+    return lock
 
 
 class LookupModule(LookupBase):  # type: ignore[misc]  # ansible ships no type information: LookupBase is Any
@@ -96,14 +163,6 @@ class LookupModule(LookupBase):  # type: ignore[misc]  # ansible ships no type i
         self, terms: list[Any], variables: dict[str, Any] | None = None, **kwargs: Any
     ) -> list[dict[str, Any]]:
         self.set_options(var_options=variables, direct=kwargs)
-        try:
-            from gpufleet.bundle import LockError, read_lock  # noqa: PLC0415 - fail with a fix, not a traceback
-        except ImportError as exc:
-            raise AnsibleLookupError(
-                "gpufleet_bundle_lock: the gpufleet Python package is not importable by this "
-                f"ansible-playbook's Python ({exc}). Fix: install it into the same environment "
-                "(pip install -e . in the gpufleet checkout)."
-            ) from None
         locks: list[dict[str, Any]] = []
         for term in terms:
             if not str(term).strip():
@@ -111,9 +170,5 @@ class LookupModule(LookupBase):  # type: ignore[misc]  # ansible ships no type i
                     "gpufleet_bundle_lock: expected a bundle directory; found an empty path. "
                     "Fix: set gpufleet_bundle_dir to a directory built by `gpufleet bundle build`."
                 )
-            try:
-                lock = read_lock(Path(str(term)))
-            except LockError as exc:  # its message names the lock file and the fix
-                raise AnsibleLookupError(str(exc)) from None
-            locks.append(lock.model_dump(mode="json"))
+            locks.append(_read(Path(str(term))))
         return locks

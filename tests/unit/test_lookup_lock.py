@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -52,6 +53,14 @@ def bundle(tmp_path: Path) -> Path:
     return root
 
 
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The lookup keeps what it read under $XDG_CACHE_HOME/gpufleet/locks: a cache of this test's own."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    return cache / "gpufleet" / "locks"
+
+
 @pytest.fixture(scope="module")
 def lookup() -> Any:
     lookup_loader.add_directory(str(REPO / "plugins" / "lookup"))
@@ -72,6 +81,48 @@ def test_returns_the_lock_as_gpufleet_reads_it(lookup: Any, bundle: Path) -> Non
     }
     assert lock["images"][0]["id"] == f"sha256:{'ef' * 32}"
     assert lock["models"][0]["revision"] == "0" * 40
+
+
+# A worker process of its own, as Ansible runs each task: the lookup, then which gpufleet modules it imported.
+_IN_A_WORKER = """
+import json, sys
+from ansible.parsing.dataloader import DataLoader
+from ansible.plugins.loader import lookup_loader
+lookup_loader.add_directory(sys.argv[1])
+plugin = lookup_loader.get("gpufleet_bundle_lock", loader=DataLoader(), templar=None)
+[lock] = plugin.run([sys.argv[2]], variables={})
+print(json.dumps({"lock": lock, "imported": sorted(m for m in sys.modules if m.startswith("gpufleet."))}))
+"""
+
+
+def in_a_worker(bundle: Path) -> dict[str, Any]:
+    argv = [sys.executable, "-c", _IN_A_WORKER, str(REPO / "plugins" / "lookup"), str(bundle)]
+    ran = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert ran.returncode == 0, ran.stderr
+    answer: dict[str, Any] = json.loads(ran.stdout)
+    return answer
+
+
+def test_a_later_task_reads_the_kept_lock_and_imports_no_reader(bundle: Path, own_cache: Path) -> None:
+    """Each task runs in a fresh worker: the first reads the lock with gpufleet's reader (and keeps what it
+    returned), a later one takes that and imports nothing of gpufleet (the reader cost each about 0.4 s)."""
+    first, later = in_a_worker(bundle), in_a_worker(bundle)
+    assert first["lock"] == later["lock"] == read_lock(bundle).model_dump(mode="json")
+    assert "gpufleet.bundle.lock" in first["imported"]
+    assert later["imported"] == []
+    assert len(list(own_cache.glob("*.json"))) == 1
+
+
+def test_a_rewritten_lock_is_read_again_not_taken_from_the_cache(lookup: Any, bundle: Path) -> None:
+    [before] = lookup.run([str(bundle)], variables={})
+    write_lock(bundle, a_lock("26.1.5"))  # the same path; another size, mtime and ctime
+    [after] = lookup.run([str(bundle)], variables={})
+    assert (before["files"][0]["version"], after["files"][0]["version"]) == ("27.5.1", "26.1.5")
+    replaced = bundle.parent / "replacement"
+    replaced.mkdir()
+    write_lock(replaced, a_lock("25.0.0"))
+    (replaced / LOCK_NAME).replace(bundle / LOCK_NAME)  # another inode, whatever the times
+    assert lookup.run([str(bundle)], variables={})[0]["files"][0]["version"] == "25.0.0"
 
 
 def test_returns_one_lock_per_bundle_in_order(lookup: Any, bundle: Path, tmp_path: Path) -> None:
