@@ -14,7 +14,6 @@ from gpufleet.runner.arguments import strategy_env
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 SCENARIOS = [
-    "lab_wiring",
     "preflight",
     "docker",
     "nvidia_container_toolkit",

@@ -1,4 +1,4 @@
-"""Testinfra checks for lab_wiring: the unit runs on every host, and hosts reach each other by name."""
+"""Testinfra checks of the lab's wiring (prepare.yml): the unit runs on every host; hosts reach each other."""
 
 from __future__ import annotations
 
