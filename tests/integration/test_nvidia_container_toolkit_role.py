@@ -79,8 +79,8 @@ def test_host_without_gpu_reports_and_skips_the_toolkit(toolkit_lab: ToolkitLab)
 
 def test_refuses_when_the_play_did_not_ask_docker_for_the_runtime(toolkit_lab: ToolkitLab) -> None:
     returncode, text = toolkit_lab.converge(*TOOLKIT_ONLY, docker_nvidia_runtime=False)
-    assert returncode != 0
-    assert "expected docker_nvidia_runtime: true" in text
+    assert returncode != 0, text[-3000:]
+    assert "expected docker_nvidia_runtime: true" in text, text[-3000:]
     assert "set docker_nvidia_runtime: true in the group_vars" in text
     assert toolkit_lab.toolkit_absent()
 
@@ -93,7 +93,7 @@ def test_corrupted_package_is_refused_before_any_change(toolkit_lab: ToolkitLab,
     data[-10] ^= 0xFF
     deb.write_bytes(bytes(data))
     returncode, text = toolkit_lab.converge(*TOOLKIT_ONLY, bundle=corrupted)
-    assert returncode != 0
-    assert f"expected {deb} with sha256" in text
+    assert returncode != 0, text[-3000:]
+    assert f"expected {deb} with sha256" in text, text[-3000:]
     assert "Nothing was changed on the host" in text
     assert toolkit_lab.toolkit_absent()
