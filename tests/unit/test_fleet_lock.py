@@ -49,7 +49,7 @@ def test_a_second_deploy_is_refused_naming_the_holder(
     holder: subprocess.Popen[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ran: list[object] = []
-    monkeypatch.setattr("gpufleet.runner.core.run_stages", lambda *args: ran.append(args) or ([], {}))
+    monkeypatch.setattr("gpufleet.runner.api.run_stages", lambda *args: ran.append(args) or ([], {}))
     with pytest.raises(DeployError) as refused:
         deploy(REPO / "inventories" / "prod", validate_inventory=False)
     message = str(refused.value)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpufleet.runner import core
+from gpufleet.runner import DeployError, adhoc, api
 from gpufleet.runner.arguments import RunSpec
 from gpufleet.runner.head_marker import (
     HOST_SCRIPT,
@@ -180,9 +180,9 @@ def fleet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         seen["stages"] = [spec.stage for spec in specs]
         return [StageResult(name=s.stage, status=seen.get("status", "ok"), seconds=0.1) for s in specs], {}
 
-    monkeypatch.setattr(core, "_on_head", on_head)
-    monkeypatch.setattr(core, "run_stages", run_stages)
-    monkeypatch.setattr(core, "_clean_hosts", lambda *args: seen["cleaned"].append(args))
+    monkeypatch.setattr(adhoc, "on_head", on_head)
+    monkeypatch.setattr(api, "run_stages", run_stages)
+    monkeypatch.setattr(api, "clean_hosts", lambda *args: seen["cleaned"].append(args))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     (tmp_path / "hosts.yml").write_text("all: {}\n", encoding="utf-8")
     seen["inventory"] = tmp_path / "hosts.yml"
@@ -190,7 +190,7 @@ def fleet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
 
 def test_deploy_holds_the_marker_while_its_stages_run(fleet: dict[str, Any]) -> None:
-    report = core.deploy(fleet["inventory"], stages=["nodes"], validate_inventory=False)
+    report = api.deploy(fleet["inventory"], stages=["nodes"], validate_inventory=False)
 
     assert report.ok
     during = fleet["during"][0]
@@ -199,7 +199,7 @@ def test_deploy_holds_the_marker_while_its_stages_run(fleet: dict[str, Any]) -> 
 
 
 def test_a_read_only_run_writes_no_marker(fleet: dict[str, Any]) -> None:
-    core.deploy(fleet["inventory"], stages=["preflight"], validate_inventory=False)
+    api.deploy(fleet["inventory"], stages=["preflight"], validate_inventory=False)
 
     assert fleet["during"] == [None]
 
@@ -209,8 +209,8 @@ def test_deploy_refuses_before_any_stage_when_another_control_node_holds_the_fle
 ) -> None:
     write(fleet["path"], run_id="e" * 32, control="ci@runner", pid=7, action="teardown", started=time.time())
 
-    with pytest.raises(core.DeployError, match="teardown run eeeeeeeeeeee of ci@runner"):
-        core.deploy(fleet["inventory"], stages=["nodes"], validate_inventory=False)
+    with pytest.raises(DeployError, match="teardown run eeeeeeeeeeee of ci@runner"):
+        api.deploy(fleet["inventory"], stages=["nodes"], validate_inventory=False)
 
     assert fleet["stages"] == []
     assert json.loads(fleet["path"].read_text())["run_id"] == "e" * 32
@@ -221,7 +221,7 @@ def test_a_stale_marker_is_taken_over_with_a_warning_in_the_report(fleet: dict[s
         fleet["path"], run_id="f" * 32, control=control_node(), pid=dead_pid(), action="deploy", started=1.0
     )
 
-    report = core.deploy(fleet["inventory"], stages=["nodes"], validate_inventory=False)
+    report = api.deploy(fleet["inventory"], stages=["nodes"], validate_inventory=False)
 
     assert report.ok and fleet["stages"] == ["nodes"]
     assert any("took over a stale run marker" in warning for warning in report.warnings)
@@ -231,7 +231,7 @@ def test_a_stale_marker_is_taken_over_with_a_warning_in_the_report(fleet: dict[s
 def test_a_canceled_run_leaves_the_marker_to_the_host_cleanup(fleet: dict[str, Any]) -> None:
     fleet["status"] = "canceled"
 
-    core.deploy(fleet["inventory"], stages=["nodes"], validate_inventory=False)
+    api.deploy(fleet["inventory"], stages=["nodes"], validate_inventory=False)
 
     (spec, _started, _deadline, run_id) = fleet["cleaned"][0]
     assert run_id == fleet["during"][0]["run_id"] and spec.stage == "nodes"

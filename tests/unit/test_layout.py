@@ -1,4 +1,5 @@
-"""The package's shape: no import cycle anywhere in src/gpufleet, and the lab stays a tool.
+"""The package's shape: no import cycle anywhere in src/gpufleet, the lab stays a tool, and the runner's
+modules stay small.
 
 Every import counts, including those under ``if TYPE_CHECKING:`` and inside functions: a type-only or a
 deferred cycle is still two modules that cannot be understood (or moved) one without the other.
@@ -115,3 +116,24 @@ def test_every_subpackage_declares_its_public_surface() -> None:
             if isinstance(t, ast.Name)
         ]
         assert "__all__" in names, f"{init}: no __all__"
+
+
+RUNNER = PACKAGE / "runner"
+MAX_RUNNER_LINES = 400  # issue 34: modules of one concern; core.py had grown to 984 lines of five
+
+
+def too_long(folder: Path, limit: int) -> list[str]:
+    """The modules of ``folder`` over ``limit`` lines, each with its count."""
+    counts = {path.name: len(path.read_text().splitlines()) for path in sorted(folder.glob("*.py"))}
+    return [f"{name}: {count} lines" for name, count in counts.items() if count > limit]
+
+
+def test_no_runner_module_is_over_400_lines() -> None:
+    too_long_now = too_long(RUNNER, MAX_RUNNER_LINES)
+    assert too_long_now == [], "split each by concern (docs/conventions.md, the runner's modules)"
+
+
+def test_the_length_check_finds_a_long_module(tmp_path: Path) -> None:
+    (tmp_path / "short.py").write_text("x = 1\n" * 400)
+    (tmp_path / "long.py").write_text("x = 1\n" * 401)
+    assert too_long(tmp_path, MAX_RUNNER_LINES) == ["long.py: 401 lines"]

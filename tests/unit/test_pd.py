@@ -21,7 +21,7 @@ from gpufleet.compat import image_facts
 from gpufleet.fleet.disagg import check_disagg
 from gpufleet.fleet.inventory import read_inventory
 from gpufleet.fleet.validate import validate_inventory
-from gpufleet.runner.core import deploy_specs
+from gpufleet.runner import deploy_specs
 
 from .conftest import REPO
 from .test_vllm_service_templates import trusted

@@ -12,6 +12,7 @@ import ansible_runner
 import pytest
 import yaml
 
+from gpufleet.runner import STAGES, DeployError, deploy_specs
 from gpufleet.runner.arguments import (
     PASSED_ENV,
     RunSpec,
@@ -20,7 +21,7 @@ from gpufleet.runner.arguments import (
     runner_env,
     strategy_env,
 )
-from gpufleet.runner.core import STAGES, DeployError, deploy_specs, select_stages
+from gpufleet.runner.plan import select_stages
 
 # Ansible's own strategy: GPUFLEET_ANSIBLE_STRATEGY=linear, and the fallback without mitogen.
 LINEAR = {"ANSIBLE_STRATEGY": "linear"}

@@ -7,8 +7,8 @@ from io import StringIO
 from rich.console import Console
 
 from gpufleet.runner.combined import CHECK_TASK, MARKER, CombinedRecorder
-from gpufleet.runner.core import _verify
 from gpufleet.runner.events import StageRecorder
+from gpufleet.runner.facts import PublishedFacts
 from gpufleet.runner.progress import print_deploy_report
 from gpufleet.runner.report import DeployReport, HostResult, StageResult, VerifyResult
 
@@ -38,7 +38,7 @@ def test_the_recorder_keeps_the_verify_fact() -> None:
 
 
 def test_the_verify_fact_becomes_a_typed_result() -> None:
-    result = _verify({"gpufleet_verify": ("node1", PUBLISHED)})
+    result = PublishedFacts.read({"gpufleet_verify": ("node1", PUBLISHED)}).verify
 
     assert result == VerifyResult(
         completion="hello cluster", completion_tokens=16, unauthorized_status=401, metrics=True
@@ -46,7 +46,7 @@ def test_the_verify_fact_becomes_a_typed_result() -> None:
 
 
 def test_a_malformed_verify_fact_is_left_out() -> None:
-    assert _verify({"gpufleet_verify": ("node1", {"completion_tokens": 3})}) is None
+    assert PublishedFacts.read({"gpufleet_verify": ("node1", {"completion_tokens": 3})}).verify is None
 
 
 def stage(changed: int) -> StageResult:

@@ -103,8 +103,10 @@ def test_nodes_that_run_different_images_are_a_problem() -> None:
     assert problems == ["the nodes run different image ids: n1 sha256:aaaaaaaaaaaa, n2 sha256:bbbbbbbbbbbb"]
 
 
-def test_status_is_not_ok_when_the_nodes_run_different_images(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpufleet.runner import core
+def test_status_is_not_ok_when_the_nodes_run_different_images(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from gpufleet.runner import api
 
     stage = StageResult(name="status", status="ok", seconds=1.0)
     nodes = {
@@ -117,11 +119,10 @@ def test_status_is_not_ok_when_the_nodes_run_different_images(monkeypatch: pytes
         "gpufleet_ray_nodes_expected": ("n1", 2),
         "gpufleet_nodes": ("n1", nodes),
     }
-    monkeypatch.setattr(core, "_run", lambda *args, **kwargs: ([stage], facts))
-    monkeypatch.setattr(core, "_spec", lambda *args, **kwargs: None)
-    monkeypatch.setattr(core, "_inventory", lambda path: path)
+    monkeypatch.setattr(api, "run_stages", lambda *args, **kwargs: ([stage], facts))
+    (tmp_path / "hosts.yml").write_text("all: {}\n", encoding="utf-8")
 
-    report = core.status(Path("inventory"))
+    report = api.status(tmp_path / "hosts.yml")
 
     assert report.vllm_ready and report.ray_nodes_alive == 2
     assert not report.ok and report.problems

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from gpufleet.runner import core
+from gpufleet.runner import api
 from gpufleet.runner.progress import print_status_report
 from gpufleet.runner.report import HostResult, StageResult, StatusReport
 
@@ -51,9 +51,9 @@ def run_status(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, facts: dict[str,
     def fake_run(*_: Any) -> tuple[list[StageResult], dict[str, tuple[str, Any]]]:
         return [stage], {name: ("node1", value) for name, value in facts.items()}
 
-    monkeypatch.setattr(core, "_run", fake_run)
+    monkeypatch.setattr(api, "run_stages", fake_run)
     (tmp_path / "hosts.yml").write_text("all: {}\n", encoding="utf-8")
-    report = core.status(tmp_path / "hosts.yml")
+    report = api.status(tmp_path / "hosts.yml")
     assert isinstance(report, StatusReport)
     return report
 

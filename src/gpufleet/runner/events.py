@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from gpufleet.runner.report import Failure, HostResult, StageResult, StageStatus
 
-# Facts a stage may publish for the report (see gpufleet.runner.core's docstring for the contract).
+# Facts a stage may publish for the report (the contract: gpufleet.runner.facts' docstring).
 PUBLISHED_FACTS = frozenset(
     {
         "gpufleet_endpoint",

@@ -1,0 +1,292 @@
+"""deploy(), rollback(), teardown() and status(): gpufleet's playbooks run through ansible-runner, typed.
+
+Each verb checks its options once (:class:`~gpufleet.runner.options.RunOptions`), makes a run plan
+(:mod:`gpufleet.runner.plan`: a deploy's stages run ``playbooks/<stage>.yml`` of the project root in the
+order of :data:`~gpufleet.runner.plan.STAGES`; a stage that fails stops the run and the report names the
+stage, the host, the task and the message), holds the fleet (the control node's lock, the head's marker:
+:mod:`gpufleet.runner.adhoc`), runs the plan owning every process it starts, and reads what the playbooks
+published (:class:`~gpufleet.runner.facts.PublishedFacts`) into its report. How ansible-runner is called
+lives in :mod:`gpufleet.runner.arguments`; events become results in :mod:`gpufleet.runner.events`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Literal
+
+from gpufleet.runner.adhoc import acquire, clean_hosts, head_marker
+from gpufleet.runner.arguments import RunSpec, run_stages
+from gpufleet.runner.downtime import DowntimeMeter, endpoint
+from gpufleet.runner.events import ProgressSink
+from gpufleet.runner.facts import PublishedFacts
+from gpufleet.runner.fleet_lock import FleetBusyError, fleet_lock
+from gpufleet.runner.head_marker import HeadMarker
+from gpufleet.runner.options import DeployError, RunOptions, checked_inventory
+from gpufleet.runner.owned import OwnedProcesses
+from gpufleet.runner.plan import ROLLBACK_AFTER, Step, deploy_plan, read_raw, spec
+from gpufleet.runner.report import DeployReport, RollbackReport, StageResult, StatusReport
+from gpufleet.runner.service_load import PROMQL
+from gpufleet.vllm_log import PlanFigures
+
+__all__ = ["deploy", "rollback", "status", "teardown"]
+
+
+def deploy(
+    inventory: Path,
+    *,
+    bundle: Path | None = None,
+    stages: Sequence[str] | None = None,
+    extra_vars: Mapping[str, Any] | None = None,
+    check: bool = False,
+    limit: str | None = None,
+    progress: ProgressSink | None = None,
+    plan: PlanFigures | None = None,
+    project_dir: Path | None = None,
+    timeout: int | None = None,
+    cancel: Callable[[], bool] | None = None,
+    validate_inventory: bool = True,
+    env_passthrough: Sequence[str] = (),
+    rollback: bool = True,
+) -> DeployReport:
+    """Run the stages (all by default, always in :data:`STAGES` order) and report.
+
+    A change to a serving fleet is measured (the endpoint polled from here: ``report.downtime``) and gated:
+    when a stage of :data:`ROLLBACK_AFTER` fails and ``rollback`` is true, every node's last healthy revision
+    is restored and has to pass the gate again (``report.rollback``); the report stays not ok.
+
+    Raises DeployError for arguments that cannot work and gpufleet.problems.InventoryError (one line per
+    problem) when ``validate_inventory`` finds the inventory invalid; nothing has run on a host then.
+    """
+    path = checked_inventory(inventory)
+    # One reading for the stages and the endpoint (validation below still reads the inventory itself:
+    # gpufleet.fleet.load_fleet takes a path).
+    raw = read_raw(path)
+    steps = deploy_plan(raw, stages=stages, extra_vars=extra_vars, bundle=bundle, limit=limit)
+    options = RunOptions.checked(
+        path, project_dir=project_dir, check=check, timeout=timeout, env_passthrough=env_passthrough
+    )
+    specs = steps.specs(options)
+    if validate_inventory:
+        _validate(inventory)
+    started = time.monotonic()
+    gated = not check and any(stage in ROLLBACK_AFTER for stage in steps.stages)
+    action = "check" if check else "deploy"
+    restored: RollbackReport | None = None
+    with _one_run(inventory, action), _downtime_meter(endpoint(raw, path) if gated else None) as meter:
+        marker = head_marker(specs, action)
+        warnings = acquire(marker)
+        results, facts = _run(specs, progress, cancel, marker)
+        failed = next((result.name for result in results if result.status != "ok"), None)
+        if rollback and gated and failed in ROLLBACK_AFTER and results[-1].status == "failed":
+            restored = _rollback(options, "current", progress, cancel, marker, required=False)
+    report = DeployReport(
+        ok=failed is None,
+        check_mode=check,
+        seconds=round(time.monotonic() - started, 3),
+        stages=tuple(results),
+        failed_stage=failed,
+        endpoint=facts.endpoint,
+        served_model=facts.served_model,
+        vllm=facts.vllm,
+        verify=facts.verify,
+        warnings=tuple(warnings),
+        monitoring=facts.monitoring,
+        downtime=meter.result() if meter is not None else None,
+        rollback=restored,
+    )
+    return report.compared_with(plan) if plan is not None else report
+
+
+def rollback(
+    inventory: Path,
+    *,
+    to: Literal["current", "previous"] = "previous",
+    progress: ProgressSink | None = None,
+    project_dir: Path | None = None,
+    timeout: int | None = None,
+    cancel: Callable[[], bool] | None = None,
+) -> DeployReport:
+    """Restore every node's ``previous`` revision (or ``current``: the last healthy one, after a change that
+    failed outside deploy()), restart what changed and pass the health gate again (playbooks/rollback.yml)."""
+    options = RunOptions.checked(inventory, project_dir=project_dir, timeout=timeout)
+    first = spec(Step("rollback"), options)
+    started = time.monotonic()
+    target = endpoint(read_raw(options.inventory), options.inventory)
+    with _one_run(inventory, "rollback"), _downtime_meter(target) as meter:
+        marker = head_marker([first], "rollback")
+        warnings = acquire(marker)
+        restored = _rollback(options, to, progress, cancel, marker, required=True, acquired=True)
+    stage = restored.stage or StageResult(name="rollback", status="failed", seconds=0.0)
+    return DeployReport(
+        ok=restored.ok,
+        seconds=round(time.monotonic() - started, 3),
+        stages=(stage,),
+        failed_stage=None if restored.ok else "rollback",
+        warnings=tuple(warnings),
+        downtime=meter.result() if meter is not None else None,
+        rollback=restored,
+    )
+
+
+def teardown(
+    inventory: Path,
+    *,
+    limit: str | None = None,
+    extra_vars: Mapping[str, Any] | None = None,
+    progress: ProgressSink | None = None,
+    project_dir: Path | None = None,
+    timeout: int | None = None,
+    cancel: Callable[[], bool] | None = None,
+) -> DeployReport:
+    """Stop the services (``playbooks/teardown.yml``); images, models and packages stay."""
+    options = RunOptions.checked(inventory, project_dir=project_dir, timeout=timeout)
+    run = spec(Step("teardown", dict(extra_vars or {}), limit), options)
+    started = time.monotonic()
+    with _one_run(inventory, "teardown"):
+        marker = head_marker([run], "teardown")
+        warnings = acquire(marker)
+        results, _ = _run([run], progress, cancel, marker)
+    ok = results[0].status == "ok"
+    return DeployReport(
+        ok=ok,
+        seconds=round(time.monotonic() - started, 3),
+        stages=tuple(results),
+        failed_stage=None if ok else "teardown",
+        warnings=tuple(warnings),
+    )
+
+
+def status(
+    inventory: Path,
+    *,
+    limit: str | None = None,
+    progress: ProgressSink | None = None,
+    project_dir: Path | None = None,
+    timeout: int | None = None,
+    cancel: Callable[[], bool] | None = None,
+) -> StatusReport:
+    """Ray and vLLM as they run now (``playbooks/status.yml``, read-only)."""
+    options = RunOptions.checked(inventory, project_dir=project_dir, timeout=timeout)
+    run = spec(Step("status", {"gpufleet_status_promql": PROMQL}, limit), options)
+    results, facts = _run([run], progress, cancel)
+    alive, expected = facts.ray_nodes_alive, facts.ray_nodes_expected
+    ready = facts.vllm_ready
+    ok = results[0].status == "ok" and ready and (alive is None or expected is None or alive >= expected)
+    report = StatusReport(
+        ok=ok,
+        ray_nodes_alive=None if alive is None else int(alive),
+        ray_nodes_expected=None if expected is None else int(expected),
+        ray_gpus=facts.ray_gpus,
+        vllm_ready=ready,
+        endpoint=facts.endpoint,
+        served_model=facts.served_model,
+        vllm=facts.vllm,
+        stage=results[0],
+        ray_nodes_missing=facts.ray_nodes_missing,
+        nodes=facts.nodes,
+        vllm_facts_stale=not ready and facts.vllm is not None,
+        load=facts.service_load if ready else None,
+    )
+    # Missing Ray nodes, a node's problems, nodes that run different images or model commits (version
+    # skew): every line of report.problems makes the service not healthy.
+    return report.model_copy(update={"ok": False}) if report.ok and report.problems else report
+
+
+def _rollback(
+    options: RunOptions,
+    slot: Literal["current", "previous"],
+    progress: ProgressSink | None,
+    cancel: Callable[[], bool] | None,
+    marker: HeadMarker | None,
+    *,
+    required: bool,
+    acquired: bool = False,
+) -> RollbackReport:
+    """Run playbooks/rollback.yml for ``slot`` and read what it published (``gpufleet_rollback``)."""
+    # Not the failed run's -e values nor its limit: the restored revision brings its own settings.
+    step = Step("rollback", {"gpufleet_revision_slot": slot, "gpufleet_revision_required": required})
+    try:
+        run = spec(step, replace(options, check=False))
+    except DeployError as missing:  # a project without the playbook (a custom project_dir)
+        if required:
+            raise
+        return RollbackReport(slot=slot, ok=False, skipped=str(missing))
+    if not acquired:
+        try:  # the run's marker was released with its stages; the rollback holds it again
+            acquire(marker)
+        except DeployError as busy:
+            return RollbackReport(slot=slot, ok=False, skipped=str(busy))
+    results, facts = _run([run], progress, cancel, marker)
+    stage = results[0] if results else None
+    published = facts.rollback
+    if published is None:
+        done = stage is not None and stage.status == "ok"
+        why = f"no {slot} revision kept yet (no deploy of this fleet has passed its health gate)"
+        return RollbackReport(slot=slot, ok=False, skipped=why if done else None, stage=stage)
+    return RollbackReport(
+        slot=slot,
+        ok=stage is not None and stage.status == "ok",
+        revision=published.revision,
+        restarted=published.restarted,
+        restored=published.restored,
+        stage=stage,
+    )
+
+
+def _run(
+    specs: Sequence[RunSpec],
+    progress: ProgressSink | None,
+    cancel: Callable[[], bool] | None,
+    marker: HeadMarker | None = None,
+) -> tuple[list[StageResult], PublishedFacts]:
+    """run_stages, owning the processes the run starts: none outlives it here, nor (canceled) on the hosts.
+
+    The head's marker (when ``marker`` holds one) is removed at the end: by the host cleanup after a cancel
+    (one round trip within CANCEL_SECONDS), else on its own."""
+    started = time.time()
+    run_id = marker.holder.run_id if marker is not None and marker.written else ""
+    canceled = False
+    try:
+        with OwnedProcesses() as owned:
+            results, published = run_stages(specs, progress, cancel)
+        canceled = bool(results) and results[-1].status == "canceled"
+        if canceled and specs:
+            clean_hosts(specs[-1], started, owned.deadline(), run_id)
+    finally:
+        if run_id and marker is not None and not canceled:
+            with contextlib.suppress(Exception):  # best effort: a marker left is stale once the run is gone
+                marker.release()
+    return results, PublishedFacts.read(published)
+
+
+@contextlib.contextmanager
+def _downtime_meter(target: tuple[str, Path] | None) -> Iterator[DowntimeMeter | None]:
+    """Polls the service's endpoint (URL, API key file) while the block runs; None: not measured."""
+    if target is None:
+        yield None
+        return
+    with DowntimeMeter(*target) as meter:
+        yield meter
+
+
+@contextlib.contextmanager
+def _one_run(inventory: Path, action: str) -> Iterator[None]:
+    """The fleet's lock (:mod:`gpufleet.runner.fleet_lock`); a held lock is a DeployError."""
+    try:
+        with fleet_lock(inventory, action):
+            yield
+    except FleetBusyError as busy:
+        raise DeployError(str(busy)) from None
+
+
+def _validate(inventory: Path) -> None:
+    """The same checks as ``gpufleet validate``; raises InventoryError."""
+    try:
+        from gpufleet.fleet import load_fleet  # noqa: PLC0415  (imports ansible: only when deploying)
+    except ImportError:  # the inventory module is optional in a partial install; preflight checks again
+        return
+    load_fleet(inventory)
