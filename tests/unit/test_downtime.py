@@ -73,6 +73,23 @@ def test_the_endpoint_follows_the_inventorys_port_bind_address_and_key_file(tmp_
     assert endpoint(read_inventory(hosts), hosts) == ("http://10.9.9.9:9000/v1", Path("/keys/k"))
 
 
+def test_a_prefill_decode_fleets_endpoint_is_the_proxy_on_the_head(tmp_path: Path) -> None:
+    """The proxy serves a P/D fleet (roles/vllm_pd: on the head's cluster address, vllm_pd_proxy_port); the
+    pools' vLLM ports are not the service. The meter once polled vllm_service_port there."""
+    hosts = tmp_path / "hosts.yml"
+    hosts.write_text(
+        "all:\n  children:\n    gpu_nodes:\n      vars: {vllm_pd_proxy_port: 8100, vllm_service_port: 9000}\n"
+        "      children:\n        ray_head:\n          hosts:\n"
+        "            node1: {gpufleet_node_ip: 10.0.0.11}\n"
+        "        vllm_prefill:\n          hosts:\n            node1: {}\n"
+        "        vllm_decode:\n          hosts:\n            node2: {gpufleet_node_ip: 10.0.0.12}\n",
+        encoding="utf-8",
+    )
+
+    want = ("http://10.0.0.11:8100/v1", tmp_path / "gpufleet.apikey")
+    assert endpoint(read_inventory(hosts), hosts) == want
+
+
 class _Flaky(http.server.BaseHTTPRequestHandler):
     """/v1/models: 200 with the right key while ``up`` is set, else 503."""
 

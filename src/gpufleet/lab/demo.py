@@ -12,7 +12,7 @@
    they are up. Each host gets a default route to this machine's bridge address, where the lab's DROP
    rules drop and count anything not meant for the lab: after the deploy, that count shows whether any
    host tried to reach beyond it.
-3. **Deploy** every stage from the bundle (:func:`gpufleet.runner.core`: live table, then the report),
+3. **Deploy** every stage from the bundle (:func:`gpufleet.runner.deploy`: live table, then the report),
    compared with the planner's prediction for the lab (:func:`lab_plan`).
 4. **A chat completion** from this machine through the endpoint, with the API key.
 

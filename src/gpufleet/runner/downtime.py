@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gpufleet.fleet.disagg import PROXY_PORT, has_pools
 from gpufleet.fleet.inventory import RawInventory
 from gpufleet.runner.report import Downtime
 
@@ -56,12 +57,15 @@ def endpoint(raw: RawInventory | None, inventory: Path) -> tuple[str, Path] | No
     if not heads:
         return None
     variables: dict[str, Any] = dict(heads[0].variables)
-    host = str(variables.get("vllm_service_host", "0.0.0.0"))  # vLLM binds all addresses by default
-    if host in ("0.0.0.0", "::"):
-        host = str(variables.get("gpufleet_node_ip", ""))
+    if has_pools(raw):  # prefill/decode: the proxy on the head serves (roles/vllm_pd's proxy URL)
+        host, port = str(variables.get("gpufleet_node_ip", "")), str(variables.get(PROXY_PORT, 8000))
+    else:
+        host = str(variables.get("vllm_service_host", "0.0.0.0"))  # vLLM binds all addresses by default
+        if host in ("0.0.0.0", "::"):
+            host = str(variables.get("gpufleet_node_ip", ""))
+        port = str(variables.get("vllm_service_port", 8000))
     if not host or "{{" in host:
         return None
-    port = str(variables.get("vllm_service_port", 8000))
     folder = inventory if inventory.is_dir() else inventory.parent
     key = variables.get("gpufleet_api_key_file") or variables.get("vllm_service_api_key_file")
     key_file = Path(str(key)) if key and "{{" not in str(key) else folder / "gpufleet.apikey"
