@@ -146,7 +146,8 @@ class RunningLab:
 SLOWEST_FIRST = (
     "tests/integration/test_e2e.py",  # one deployed lab for every test in it (~1,000 s)
     "tests/test_lint.py",  # the linters (~60 s): early, so that a lint failure shows early
-    "tests/integration/test_molecule.py",  # every role's scenario (~450 s)
+    "tests/integration/test_molecule.py",  # the roles' scenarios, in two files (~350 s and ~300 s)
+    "tests/integration/test_molecule_driver_artifacts.py",
     "tests/integration/test_image_distribution.py",
     "tests/integration/test_relay_trust.py",
     "tests/integration/test_model_fetch.py",

@@ -10,6 +10,7 @@ import yaml
 
 SSH_COMMON_ARGS = "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
 DEFAULT_LAB = "gpufleet"
+LAB_SSH_TIMEOUT = 60  # seconds; see render()
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,10 @@ def render(lab: LabInventory) -> str:
             # Lab hosts sit on a local bridge: SSH compression (mitogen turns it on by default) only
             # costs CPU at both ends, as on a cluster network (runner/arguments.py MITOGEN_VARS).
             "mitogen_ssh_compression": False,
+            # Ansible's 10 s to connect (mitogen: to start its interpreter on the host too) is not enough
+            # for a host of a lab that shares two cores with other labs (make test, three workers): a
+            # molecule run failed "Connection timed out" on one host of three, mid-play (issue 33).
+            "ansible_ssh_timeout": LAB_SSH_TIMEOUT,
             "gpufleet_node_ip": host.ip,
             "gpufleet_nic": "eth0",
             "gpufleet_gpu": False,
