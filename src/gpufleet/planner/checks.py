@@ -29,6 +29,8 @@ KNOWN_MODEL_TYPES = frozenset(
         "gemma2",
         "gemma3_text",
         "gpt_oss",
+        "nemotron_h",
+        "granitemoehybrid",
     }
 )
 # GPUs before Ampere: no bfloat16 in vLLM (compute capability < 8.0).

@@ -47,6 +47,9 @@ class PlanRequest(BaseModel):
     kv_cache_memory_gib: float | None = Field(default=None, gt=0)
     enforce_eager: bool = False
     enable_expert_parallel: bool = False
+    # --limit-mm-per-prompt: items per prompt by modality ({"image": 0, "video": 0}); None or a modality left
+    # out = vLLM's default (999). Every modality of a multimodal model at 0: vLLM loads the language model alone.
+    limit_mm_per_prompt: dict[str, int] | None = None
 
 
 class StagePlan(BaseModel):
@@ -62,6 +65,7 @@ class StagePlan(BaseModel):
     lm_head_gib: float
     other_gib: float  # final norm and rotary cache
     weights_gib: float
+    vision_tower_gib: float = 0.0  # a multimodal model's vision tower and projector (in weights_gib)
     offloaded_weights_gib: float
     activation_peak_gib: float
     non_torch_gib: float
@@ -90,8 +94,9 @@ class Plan(BaseModel):
     derived_max_model_len: int
     max_num_batched_tokens: int
     max_num_seqs: int
-    block_size: int
+    block_size: int  # as vLLM settles it: a hybrid model's attention block holds a Mamba state
     weights_gib_per_gpu: float
+    vision_tower_gib_per_gpu: float  # included in weights_gib_per_gpu; 0 when vLLM does not build the tower
     offloaded_weights_gib_per_gpu: float
     activation_peak_gib: float
     non_torch_gib: float
@@ -102,7 +107,7 @@ class Plan(BaseModel):
     kv_cache_tokens: int
     max_concurrency: float
     model_runner: str  # "v1" or "v2": vLLM 0.24's model runner for this architecture
-    kv_cache_groups: int  # vLLM's KV-cache groups (more than one with sliding-window layers)
+    kv_cache_groups: int  # vLLM's KV-cache groups (more than one with sliding-window or Mamba layers)
     estimated: list[str]
     deciding_stage: int
     stages: list[StagePlan]
