@@ -196,6 +196,9 @@ class ModelArch:
     # Nemotron-H: a block is one mixer *or* one MLP, with one norm (no MLP beside a mixer).
     single_module_blocks: bool = False
     vision: VisionTower | None = None  # a multimodal model's vision tower and projector
+    # Gemma 3's second (local, sliding-window) rotary cache: max_position_embeddings long, unscaled, where the
+    # global one (LinearScalingRotaryEmbedding) is max_position x factor. 0 = as long as the first.
+    local_rotary_positions: int = 0
 
     def is_moe_layer(self, layer: int) -> bool:
         return self.moe is not None and layer not in self.moe.dense_layers
@@ -360,6 +363,9 @@ def parse_arch(config: Mapping[str, Any]) -> ModelArch:
         mamba=mamba,
         single_module_blocks=model_type == "nemotron_h",
         vision=vision,
+        local_rotary_positions=_opt_int(config, "max_position_embeddings")
+        if model_type in {"gemma3_text", "gemma3"}
+        else 0,
     )
 
 

@@ -52,6 +52,7 @@ from gpufleet.planner.estimates import (
     non_torch_bytes,
 )
 from gpufleet.planner.kvcache import kv_layout
+from gpufleet.planner.multimodal import encoder_profile
 from gpufleet.planner.model import (
     Plan,
     PlanContext,
@@ -161,6 +162,19 @@ def plan_stage(context: PlanContext, rank: int, bounds: tuple[int, int]) -> Stag
         staging=weights.largest_offloaded_layer_bytes,
         runner=runner,
     )
+    if arch.vision is not None and shape.vision_tower:
+        # The profile run encodes dummy images or videos first and keeps their outputs while the language
+        # model's dummy batch runs: the peak is the larger of the two phases.
+        encoder = encoder_profile(
+            arch.vision,
+            request.limit_mm_per_prompt,
+            max_model_len=context.max_model_len,
+            batching=context.batching,
+            tp=tp,
+            dtype_bytes=context.dtype_bytes,
+        )
+        if encoder is not None:
+            activation = max(activation + encoder.outputs_bytes, encoder.forward_peak_bytes)
     non_torch = non_torch_bytes(context.world_size)
     graphs = cuda_graph_bytes(arch, layers, request.enforce_eager, runner)
     if request.kv_cache_memory_gib is not None:

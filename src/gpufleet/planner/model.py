@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpufleet.planner.arch import DTYPE_BYTES, DerivedMaxLen, ModelArch, Quantization
+from gpufleet.planner.vllm_archs import VLLM_VERSION
 
 # vLLM's --block-size choices (CacheConfig); plan --block-size and the inventory's schema take the same ones.
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
@@ -79,6 +80,8 @@ class Plan(BaseModel):
     """What vLLM will do per GPU; figures named in ``estimated`` are estimates, the rest are computed."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    vllm_version: str = VLLM_VERSION  # the vLLM release whose logic (and start-ups) the plan follows
 
     model_type: str
     dtype: str

@@ -162,3 +162,87 @@ def _siglip_gemma3_tensors(tower: VisionTower, tp: int, element: int) -> list[in
     tensors = [numel * element for numel in numels]
     tensors.append(positions * 8)  # position_ids: an int64 buffer
     return tensors
+
+
+# Qwen2-VL's image processor default (min_pixels 3136, max_pixels 12845056); --mm-processor-kwargs is not
+# modelled. vllm/model_executor/models/qwen2_vl.py: _MAX_FRAMES_PER_VIDEO.
+QWEN_MAX_PIXELS = 12_845_056
+QWEN_MAX_FRAMES_PER_VIDEO = 14
+DEFAULT_MM_LIMIT = 999  # MultiModalConfig.get_limit_per_prompt for a modality left out
+
+
+@dataclass(frozen=True)
+class EncoderProfile:
+    """What vLLM 0.24's profile run does with the tower (``GPUModelRunner.profile_run``,
+    ``MultiModalBudget``): ``items`` dummy items of ``modality``, each ``tokens_per_item`` tokens."""
+
+    modality: str
+    tokens_per_item: int
+    budget: int  # encoder cache budget, tokens
+    items: int
+    forward_peak_bytes: int  # the encoder's dummy forward (estimate, see encoder_profile)
+    outputs_bytes: int  # encoder outputs kept in the encoder cache while the language model's dummy run runs
+
+
+def _qwen_max_tokens(tower: VisionTower, modality: str, max_model_len: int) -> int:
+    """Qwen2VLProcessingInfo.get_max_image_tokens / get_max_video_tokens for one item."""
+    unit = tower.patch_size * tower.spatial_merge_size
+    image = QWEN_MAX_PIXELS // (unit * unit)
+    if modality == "image":
+        return image
+
+    def video(frames: int) -> int:  # get_num_video_tokens: frames padded to the temporal patch
+        padded = frames + frames % tower.temporal_patch_size
+        return max(padded // tower.temporal_patch_size, 1) * image
+
+    frames = 1
+    while video(frames + 1) <= max_model_len:  # _get_max_video_frames
+        frames += 1
+    return video(min(frames, QWEN_MAX_FRAMES_PER_VIDEO))
+
+
+def encoder_profile(
+    tower: VisionTower,
+    limits: Mapping[str, int] | None,
+    *,
+    max_model_len: int,
+    batching: tuple[int, int],
+    tp: int,
+    dtype_bytes: int,
+) -> EncoderProfile | None:
+    """The encoder part of vLLM 0.24's profile run; None when every modality is limited to 0.
+
+    Which items: the modality with the most tokens per item (``get_modality_with_max_tokens``), the budget
+    ``max(max_num_batched_tokens, its tokens)`` (``compute_mm_encoder_budget``), and as many items as fit it
+    (``MultiModalBudget._get_max_items``, chunked prefill on). The forward peak is an estimate read from the
+    towers' block code, not a measured constant: the dummy pixels (float32 from the processor, and their copy
+    in the model dtype) plus, per patch, the residual stream, the residual and the normed input (3 x hidden)
+    and the MLP's intermediate and activation output (3 x intermediate for Qwen2.5-VL's gated MLP, 2 x for
+    SigLIP's fc1 -> GELU), all in the model dtype."""
+    limits = limits or {}
+    active = [m for m in tower.modalities if limits.get(m, DEFAULT_MM_LIMIT) > 0]
+    if not active:
+        return None
+    tokens_per_item: dict[str, int] = {}
+    for modality in active:
+        if tower.family == "qwen2_5_vl":
+            tokens_per_item[modality] = _qwen_max_tokens(tower, modality, max_model_len)
+        else:
+            tokens_per_item[modality] = tower.tokens_per_image
+    modality, tokens = max(tokens_per_item.items(), key=lambda item: (item[1], item[0]))
+    batched_tokens, max_num_seqs = batching
+    budget = max(batched_tokens, tokens)
+    per_prompt = max(1, min(limits.get(modality, DEFAULT_MM_LIMIT), max_model_len // tokens))
+    items = max(1, min(budget // tokens, max_num_seqs * per_prompt))
+    inter = math.ceil(tower.intermediate_size / tp)
+    if tower.family == "qwen2_5_vl":
+        patches = items * tokens * tower.spatial_merge_size**2
+        pixels = patches * 3 * tower.temporal_patch_size * tower.patch_size**2
+        mlp = 3 * inter  # gate_up output (2 x) and the SiLU-and-mul output
+    else:
+        patches = items * (tower.image_size // tower.patch_size) ** 2
+        pixels = items * 3 * tower.image_size**2
+        mlp = 2 * inter  # fc1 output and the GELU output
+    peak = pixels * (4 + dtype_bytes) + patches * (3 * tower.hidden_size + mlp) * dtype_bytes
+    outputs = items * tokens * tower.out_hidden_size * dtype_bytes
+    return EncoderProfile(modality, tokens, budget, items, peak, outputs)

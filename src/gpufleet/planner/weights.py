@@ -88,7 +88,11 @@ def stage_weights(
     other = block(arch.hidden_size * shape.dtype_bytes) if is_last else 0
     if shape.layers:
         rotary_bytes = arch.rotary_dtype_bytes or shape.dtype_bytes
-        other += arch.rotary_caches * block(shape.rotary_positions * arch.rotary_dim * rotary_bytes)
+        lengths = [shape.rotary_positions] * arch.rotary_caches
+        if arch.rotary_caches == 2 and arch.local_rotary_positions:
+            # Gemma 3: the local layers' cache is max_position_embeddings long (rope_local_base_freq, no scaling)
+            lengths[1] = arch.local_rotary_positions
+        other += sum(block(length * arch.rotary_dim * rotary_bytes) for length in lengths)
     on_gpu, offloaded, largest = _offload_layers(arch, shape, quant, int(cpu_offload_gb * GIB), block)
     vision = 0
     if arch.vision is not None and shape.vision_tower:
