@@ -71,7 +71,10 @@ CASES: dict[str, tuple[str, list[str]]] = {
     ),
     # Issue 38, on an H200: hybrid state-space models, multimodal models with and without their tower,
     # MXFP4 and AWQ weights.
-    "nemotron-nano-9b-v2-hybrid": ("NVIDIA-Nemotron-Nano-9B-v2", [LEN, "32768", UTIL, "0.9", "--enforce-eager"]),
+    "nemotron-nano-9b-v2-hybrid": (
+        "NVIDIA-Nemotron-Nano-9B-v2",
+        [LEN, "32768", UTIL, "0.9", "--enforce-eager"],
+    ),
     "granite-4.0-h-tiny-hybrid-moe": ("granite-4.0-h-tiny", [LEN, "65536", UTIL, "0.9"]),
     "qwen2.5-vl-7b-text-only": ("Qwen2.5-VL-7B-Instruct", [LEN, "32768", UTIL, "0.9", MM, NO_MM]),
     "qwen2.5-vl-7b-images": ("Qwen2.5-VL-7B-Instruct", [LEN, "32768", UTIL, "0.9"]),
@@ -179,7 +182,9 @@ def main() -> None:
         else:
             model, flags = CASES[name]
             model_dir = Path(dirs[model].result())
-            line = run_case(name, model_dir, flags, args.out, min(left - 10, float(os.environ.get("CASE_LIMIT", "180"))))
+            line = run_case(
+                name, model_dir, flags, args.out, min(left - 10, float(os.environ.get("CASE_LIMIT", "180")))
+            )
         print(line, flush=True)
         with summary.open("a") as f:
             f.write(line + "\n")

@@ -1,9 +1,10 @@
 """The planner against start-ups of real vLLM 0.24.0 on an H200 (issue 38): hybrid, multimodal, MXFP4.
 
-Each case is one ``vllm serve --load-format dummy`` start-up (tests/gpu/planner_run.py, 2026-12-02, nvidia-h200,
-driver 580.159.04, torch 2.11.0+cu130) whose DEBUG log is kept in tests/unit/data/vllm_logs/v0.24_h200/ and read
-with :mod:`gpufleet.vllm_log`; the config.json is in tests/unit/data/planner_models/ (written from the published
-figures, see docs/planner.md). No constant was fitted on any of them.
+Each case is one ``vllm serve --load-format dummy`` start-up (tests/gpu/planner_run.py, 2026-12-02,
+nvidia-h200, driver 580.159.04, torch 2.11.0+cu130) whose DEBUG log is kept in
+tests/unit/data/vllm_logs/v0.24_h200/ and read with :mod:`gpufleet.vllm_log`; the config.json is in
+tests/unit/data/planner_models/ (written from the published figures, see docs/planner.md). No constant was
+fitted on any of them.
 
 CALIBRATION: start-ups seen while the rule they check was written: the Qwen2.5-VL and Gemma 3 runs with images
 (the encoder part of the profile run, ``multimodal.encoder_profile``) and Gemma 3 without images (its local
@@ -106,8 +107,8 @@ def test_kv_cache_tokens_within_3_percent(item: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("item", ALL)
 def test_kv_tokens_from_the_measured_kv_memory_are_exact(item: dict[str, Any]) -> None:
-    # Given the KV memory vLLM printed, the layout (hybrid block size, Mamba groups, sliding windows) gives the
-    # token count vLLM printed, up to the 0.01 GiB rounding of the printed memory.
+    # Given the KV memory vLLM printed, the layout (hybrid block size, Mamba groups, sliding windows) gives
+    # the token count vLLM printed, up to the 0.01 GiB rounding of the printed memory.
     facts = measured(item)
     assert facts.kv_cache_gib is not None
     result = predicted(item, kv_cache_memory_gib=facts.kv_cache_gib)
@@ -152,8 +153,8 @@ def test_vision_tower_is_what_the_limits_leave_out() -> None:
 
 
 def test_encoder_profile_is_the_one_vllm_logged() -> None:
-    from gpufleet.planner.arch import parse_arch  # noqa: PLC0415
-    from gpufleet.planner.multimodal import encoder_profile  # noqa: PLC0415
+    from gpufleet.planner.arch import parse_arch
+    from gpufleet.planner.multimodal import encoder_profile
 
     for name, model, modality, budget, items in (
         ("qwen2.5-vl-7b-images", "Qwen2.5-VL-7B-Instruct", "video", 32768, 1),
@@ -173,7 +174,10 @@ def test_encoder_profile_is_the_one_vllm_logged() -> None:
         assert (profile.modality, profile.budget, profile.items) == (modality, budget, items)
     tower = parse_arch(config("gemma-3-4b-it")).vision
     assert tower is not None
-    assert encoder_profile(tower, {"image": 0}, max_model_len=32768, batching=(8192, 1024), tp=1, dtype_bytes=2) is None
+    assert (
+        encoder_profile(tower, {"image": 0}, max_model_len=32768, batching=(8192, 1024), tp=1, dtype_bytes=2)
+        is None
+    )
 
 
 def test_gemma3_local_rotary_cache_is_not_scaled() -> None:
@@ -181,3 +185,13 @@ def test_gemma3_local_rotary_cache_is_not_scaled() -> None:
     # the local layers' cache is max_position_embeddings long: 512 + 64 MiB of bfloat16 x 256.
     result = predicted(CALIBRATION[2].values[0])
     assert result.stages[0].other_gib * GIB == pytest.approx((131072 * 8 + 131072) * 256 * 2, rel=0.001)
+
+
+@pytest.mark.parametrize("item", CALIBRATION[:2])
+def test_activation_peak_with_the_encoder_phase(item: dict[str, Any]) -> None:
+    # The profile run's peak with images: the encoder's dummy forward (Qwen2.5-VL: one video of 32768 tokens,
+    # 131072 patches) or the language model's batch with the encoder outputs held (Gemma 3). Measured 4.43 and
+    # 3.89 GiB; the language model alone is 2.21 and 3.71 GiB.
+    facts = measured(item)
+    assert facts.torch_peak_gib is not None
+    assert predicted(item).activation_peak_gib == pytest.approx(facts.torch_peak_gib, abs=0.25)

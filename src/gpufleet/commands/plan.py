@@ -92,7 +92,8 @@ def register(subparsers: Any) -> None:
         "--limit-mm-per-prompt",
         metavar="JSON",
         help=(
-            'items per prompt by modality, as vLLM takes it, e.g. \'{"image": 0, "video": 0}\'; every modality '
+            'items per prompt by modality, as vLLM takes it, e.g. \'{"image": 0, "video": 0}\'; '
+            "every modality "
             "at 0: vLLM serves the language model alone, without the vision tower"
         ),
     )

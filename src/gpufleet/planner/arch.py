@@ -141,7 +141,8 @@ class MambaShape:
     conv_bias: bool = True
     proj_bias: bool = False
     # The temporal (SSM) state's dtype when vLLM fixes it: Nemotron-H's is float32
-    # (NemotronHForCausalLMConfig.DEFAULT_MAMBA_SSM_CACHE_DTYPE); 0 = the model dtype (mamba_cache_dtype auto).
+    # (NemotronHForCausalLMConfig.DEFAULT_MAMBA_SSM_CACHE_DTYPE); 0 = the model dtype (mamba_cache_dtype
+    # auto).
     ssm_state_dtype_bytes: int = 0
 
     def groups(self, tp: int) -> int:
@@ -158,7 +159,13 @@ class MambaShape:
         conv state ``(conv_kernel - 1) x conv_dim`` in the model dtype plus the SSM state ``heads x head_dim x
         state_size`` (``mamba2_state_shape``)."""
         conv = (self.conv_kernel - 1) * self.conv_dim(tp) * dtype_bytes
-        ssm = self.num_heads // tp * self.head_dim * self.state_size * (self.ssm_state_dtype_bytes or dtype_bytes)
+        ssm = (
+            self.num_heads
+            // tp
+            * self.head_dim
+            * self.state_size
+            * (self.ssm_state_dtype_bytes or dtype_bytes)
+        )
         return conv + ssm
 
 
@@ -369,7 +376,8 @@ def parse_arch(config: Mapping[str, Any]) -> ModelArch:
     )
 
 
-# Hybrid families vLLM 0.24 serves whose state-space or linear-attention layers the planner does not build yet.
+# Hybrid families vLLM 0.24 serves whose state-space or linear-attention layers the planner does not build
+# yet.
 UNMODELLED_HYBRIDS = {
     "falcon_h1": "Falcon-H1",
     "jamba": "Jamba",
@@ -394,20 +402,21 @@ def _parse_hybrid(
     if model_type in UNMODELLED_HYBRIDS:
         raise PlannerUnmodelledError(
             f"config.json: model_type: found {model_type!r} ({UNMODELLED_HYBRIDS[model_type]}); expected a "
-            "model the planner can size. Fix: the planner models the Mamba-2 hybrids Nemotron-H and Granite 4.0 H "
-            "only; size this one by hand"
+            "model the planner can size. Fix: the planner models the Mamba-2 hybrids Nemotron-H and "
+            "Granite 4.0 H only; size this one by hand"
         )
     if model_type == "nemotron_h":
         pattern = str(config.get("hybrid_override_pattern", ""))
         if len(pattern) != layers or any(char not in NEMOTRON_H_BLOCKS for char in pattern):
             raise PlannerInputError(
-                f"config.json: hybrid_override_pattern: found {pattern!r}; expected one of M, *, -, E per layer "
-                f"({layers}). Fix: point the planner at the model's own config.json"
+                f"config.json: hybrid_override_pattern: found {pattern!r}; expected one of M, *, -, E per "
+                f"layer ({layers}). Fix: point the planner at the model's own config.json"
             )
         if "E" in pattern:
             raise PlannerUnmodelledError(
-                "config.json: hybrid_override_pattern: found MoE blocks (E); expected Mamba (M), attention (*) "
-                "and MLP (-) blocks. Fix: the planner does not model Nemotron-H's MoE blocks yet; size it by hand"
+                "config.json: hybrid_override_pattern: found MoE blocks (E); expected Mamba (M), attention "
+                "(*) and MLP (-) blocks. Fix: the planner does not model Nemotron-H's MoE blocks yet; "
+                "size it by hand"
             )
         heads = _int(config, "mamba_num_heads")
         head_dim = _int(config, "mamba_head_dim")

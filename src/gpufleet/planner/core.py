@@ -52,13 +52,13 @@ from gpufleet.planner.estimates import (
     non_torch_bytes,
 )
 from gpufleet.planner.kvcache import kv_layout
-from gpufleet.planner.multimodal import encoder_profile
 from gpufleet.planner.model import (
     Plan,
     PlanContext,
     PlanRequest,
     StagePlan,
 )
+from gpufleet.planner.multimodal import encoder_profile
 from gpufleet.planner.weights import StageShape, stage_weights
 
 # The planner's public surface is gpufleet.planner.__all__; this module adds plan() and load_model_config.
@@ -183,7 +183,7 @@ def plan_stage(context: PlanContext, rank: int, bounds: tuple[int, int]) -> Stag
         requested = int(context.gpu.memory_gib * request.gpu_memory_utilization * GIB)
         kv = requested - weights.total_bytes - activation - non_torch - graphs
     layout = kv_layout(
-        arch, range(*bounds), tp, context.kv_dtype_bytes, request.block_size, context.dtype_bytes
+        arch, range(*bounds), tp, context.kv_dtype_bytes, request.block_size, dtype_bytes=context.dtype_bytes
     )
     blocks = layout.blocks(kv)
     return StagePlan(
@@ -247,7 +247,7 @@ def propose(request: PlanRequest, result: Plan) -> dict[str, float | int]:
         request.tensor_parallel_size,
         context.kv_dtype_bytes,
         request.block_size,
-        context.dtype_bytes,
+        dtype_bytes=context.dtype_bytes,
     )
     blocks, batched = result.kv_cache_blocks, result.max_num_batched_tokens
     if blocks and layout.blocks_per_request(1, batched) <= blocks:
@@ -292,7 +292,7 @@ def _plan(request: PlanRequest) -> Plan:
         request.tensor_parallel_size,
         context.kv_dtype_bytes,
         request.block_size,
-        context.dtype_bytes,
+        dtype_bytes=context.dtype_bytes,
     )
     tokens, concurrency = layout.capacity(
         deciding.kv_cache_blocks, context.max_model_len, context.batching[0]

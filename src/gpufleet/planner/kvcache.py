@@ -97,13 +97,14 @@ def kv_layout(
     tp: int,
     kv_dtype_bytes: int,
     block_size: int,
+    *,
     dtype_bytes: int = 2,
 ) -> KvLayout:
-    """The layout vLLM builds for the attention (and Mamba) layers ``layers`` on one GPU; ``dtype_bytes`` is the
-    model dtype's (a Mamba conv state's)."""
+    """The layout vLLM builds for the attention (and Mamba) layers ``layers`` on one GPU; ``dtype_bytes``
+    is the model dtype's (a Mamba conv state's)."""
     per_token = kv_bytes_per_token_layer(arch, tp, kv_dtype_bytes)
     if arch.mamba is not None:
-        return _hybrid_layout(arch, layers, tp, per_token, block_size, dtype_bytes)
+        return _hybrid_layout(arch, layers, tp, per_token, block_size=block_size, dtype_bytes=dtype_bytes)
     page = block_size * per_token
     counts = Counter(arch.window(layer) for layer in layers)
     if len(counts) <= 1:
@@ -118,7 +119,7 @@ def kv_layout(
 
 
 def _hybrid_layout(
-    arch: ModelArch, layers: range, tp: int, per_token: int, block_size: int, dtype_bytes: int
+    arch: ModelArch, layers: range, tp: int, per_token: int, *, block_size: int, dtype_bytes: int
 ) -> KvLayout:
     """Attention and Mamba layers: one page size for both (the Mamba state padded), groups as for two
     attention types (``_get_kv_cache_groups_uniform_page_size``); MLP-only blocks hold no cache."""

@@ -49,7 +49,8 @@ class PlanRequest(BaseModel):
     enforce_eager: bool = False
     enable_expert_parallel: bool = False
     # --limit-mm-per-prompt: items per prompt by modality ({"image": 0, "video": 0}); None or a modality left
-    # out = vLLM's default (999). Every modality of a multimodal model at 0: vLLM loads the language model alone.
+    # out = vLLM's default (999). Every modality of a multimodal model at 0: vLLM loads the language model
+    # alone.
     limit_mm_per_prompt: dict[str, int] | None = None
 
 

@@ -67,7 +67,8 @@ def _positive(config: Mapping[str, Any], key: str, default: int = 0) -> int:
 
 
 def parse_vision(config: Mapping[str, Any]) -> VisionTower | None:
-    """The vision tower of a modelled multimodal architecture; None for a text-only model or another family."""
+    """The vision tower of a modelled multimodal architecture; None for a text-only model or another
+    family."""
     architectures = config.get("architectures")
     name = str(architectures[0]) if isinstance(architectures, list) and architectures else ""
     if name not in MODELLED or not isinstance(config.get("vision_config"), dict):
@@ -131,7 +132,13 @@ def _qwen2_5_vl_tensors(tower: VisionTower, tp: int, element: int) -> list[int]:
     ]
     merged = hidden * tower.spatial_merge_size**2
     merged_rank = math.ceil(merged / tp)
-    merger = [hidden, merged_rank * merged, merged_rank, tower.out_hidden_size * merged_rank, tower.out_hidden_size]
+    merger = [
+        hidden,
+        merged_rank * merged,
+        merged_rank,
+        tower.out_hidden_size * merged_rank,
+        tower.out_hidden_size,
+    ]
     numels = [patch, rotary] + block * tower.layers + merger
     return [numel * element for numel in numels]
 
@@ -155,7 +162,11 @@ def _siglip_gemma3_tensors(tower: VisionTower, tp: int, element: int) -> list[in
         hidden * inter,  # fc2
         hidden,
     ]
-    numels = [hidden * 3 * tower.patch_size**2, hidden, positions * hidden]  # patch embedding, its bias, positions
+    numels = [
+        hidden * 3 * tower.patch_size**2,
+        hidden,
+        positions * hidden,
+    ]  # patch embedding, its bias, positions
     numels += layer * tower.layers
     numels += [hidden, hidden]  # post_layernorm
     numels += [hidden * tower.out_hidden_size, hidden]  # projector and its soft-embedding norm

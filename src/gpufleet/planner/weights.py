@@ -45,7 +45,13 @@ class StageWeights:
 
     @property
     def total_bytes(self) -> int:
-        return self.embedding_bytes + self.layers_bytes + self.lm_head_bytes + self.other_bytes + self.vision_bytes
+        return (
+            self.embedding_bytes
+            + self.layers_bytes
+            + self.lm_head_bytes
+            + self.other_bytes
+            + self.vision_bytes
+        )
 
 
 @dataclass(frozen=True)
@@ -90,7 +96,8 @@ def stage_weights(
         rotary_bytes = arch.rotary_dtype_bytes or shape.dtype_bytes
         lengths = [shape.rotary_positions] * arch.rotary_caches
         if arch.rotary_caches == 2 and arch.local_rotary_positions:
-            # Gemma 3: the local layers' cache is max_position_embeddings long (rope_local_base_freq, no scaling)
+            # Gemma 3: the local layers' cache is max_position_embeddings long (rope_local_base_freq, no
+            # scaling)
             lengths[1] = arch.local_rotary_positions
         other += sum(block(length * arch.rotary_dim * rotary_bytes) for length in lengths)
     on_gpu, offloaded, largest = _offload_layers(arch, shape, quant, int(cpu_offload_gb * GIB), block)
