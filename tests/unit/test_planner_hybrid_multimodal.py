@@ -154,3 +154,16 @@ def test_role_renders_limit_mm_per_prompt() -> None:
         vllm_service_config={"limit-mm-per-prompt": {"image": 2}},
     )
     assert yaml.safe_load(both)["limit-mm-per-prompt"] == {"image": 2}
+
+
+def test_tensor_parallel_sizes_mamba2_refuses() -> None:
+    # Nemotron-Nano-9B-v2: TP 5 divides the 40 attention heads but neither the 128 Mamba heads nor the 8
+    # Mamba groups, which MambaMixer2 asserts on; TP 2 divides all of them.
+    nemotron = config("NVIDIA-Nemotron-Nano-9B-v2")
+    result = plan(
+        PlanRequest(hf_config=nemotron, gpus=(H200,) * 5, max_model_len=8192, tensor_parallel_size=5)
+    )
+    assert any("must divide num heads (Mamba heads 128" in error for error in result.errors)
+    assert any("num_groups must equal 1 (Mamba groups 8" in error for error in result.errors)
+    ok = plan(PlanRequest(hf_config=nemotron, gpus=(H200,) * 2, max_model_len=8192, tensor_parallel_size=2))
+    assert ok.errors == []
