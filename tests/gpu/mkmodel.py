@@ -40,17 +40,27 @@ def byte_symbols() -> list[str]:
     return [chr(c) for c in cs]
 
 
-def tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
-    """256 byte symbols, then prefix-closed lower-case words (" a", " ab", ...) up to vocab_size."""
-    ids = iter(i for i in range(vocab_size) if i not in SPECIALS)
+def tokenizer(
+    vocab_size: int,
+    specials: dict[int, str] | None = None,
+    extra_special_tokens: dict[str, str] | None = None,
+) -> PreTrainedTokenizerFast:
+    """256 byte symbols, then prefix-closed lower-case words (" a", " ab", ...) up to vocab_size.
+
+    ``specials`` (id -> token, Qwen2's three by default) sit at their real ids: a multimodal model's processor
+    looks its image tokens up by name (Qwen2.5-VL's ``<|image_pad|>``, Gemma 3's ``<image_soft_token>``), and
+    ``extra_special_tokens`` names the ones a processor reads as tokenizer attributes (Gemma 3's
+    ``boi_token``, ``eoi_token``, ``image_token``)."""
+    specials = SPECIALS if specials is None else specials
+    ids = iter(i for i in range(vocab_size) if i not in specials)
     vocab = {symbol: next(ids) for symbol in byte_symbols()}
     merges = []
     letters = string.ascii_lowercase
     words = ("Ġ" + "".join(t) for n in range(1, 6) for t in itertools.product(letters, repeat=n))
-    for word in itertools.islice(words, vocab_size - 256 - len(SPECIALS)):
+    for word in itertools.islice(words, vocab_size - 256 - len(specials)):
         vocab[word] = next(ids)
         merges.append((word[:-1], word[-1]))
-    vocab.update({s: i for i, s in SPECIALS.items()})
+    vocab.update({s: i for i, s in specials.items()})
     assert sorted(vocab.values()) == list(range(vocab_size))
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
     tok.normalizer = normalizers.NFC()
@@ -61,8 +71,12 @@ def tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
         ]
     )
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(s, special=True) for s in SPECIALS.values()])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tok.add_special_tokens([AddedToken(s, special=True) for s in specials.values()])
+    names = list(specials.values())
+    eos = "<|im_end|>" if "<|im_end|>" in names else ("<eos>" if "<eos>" in names else names[-1])
+    pad = "<|endoftext|>" if "<|endoftext|>" in names else names[0]
+    extra = {"extra_special_tokens": extra_special_tokens} if extra_special_tokens else {}
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, pad_token=pad, **extra)
     fast.chat_template = CHAT
     fast.model_max_length = 131072
     return fast

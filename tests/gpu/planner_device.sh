@@ -3,19 +3,23 @@
 # as for device_run.sh (`tests/gpu/device_run.sh stash`, one part per call); this unpacks them (once per
 # machine) and starts real vLLM 0.24 once per planner case (planner_run.py), logs into $OUT.
 #   tests/gpu/planner_device.sh [--budget S] [CASE ...]
+# PARTS (default REPO/.gpu) is where the carried parts and payload.sha256 are: a helper in another worktree
+# carries them, with a copy of tests/, in an ignored folder of the session's checkout (the device tool sends
+# that checkout, not the worktree).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
+parts=${PARTS:-$repo/.gpu}
 out=${OUT:-/tmp/out}
 mkdir -p /root/stash "$out"
-for part in "$repo"/.gpu/p[0-9]; do
+for part in "$parts"/p[0-9]; do
   if [ -f "$part" ]; then cp "$part" /root/stash/; fi
 done
 t0=$(date +%s)
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader
 if [ ! -f /root/site/.unpacked ]; then
   cd /root/stash
-  cat p0 p1 p2 >payload.tar.xz
-  sha256sum -c "$repo/.gpu/payload.sha256"
+  cat p[0-9] >payload.tar.xz  # p0 p1 p2 (xz -6) or more parts (a faster, larger xz)
+  sha256sum -c "$parts/payload.sha256"
   mkdir -p /root/site
   if command -v xz >/dev/null; then tar -xJf payload.tar.xz -C /root/site
   else python3 -c "import tarfile; tarfile.open('payload.tar.xz').extractall('/root/site')"; fi

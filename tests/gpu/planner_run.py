@@ -31,6 +31,7 @@ DONE = "Maximum concurrency for"
 
 # name -> (model dir under planner_models, extra `vllm serve` flags). Order = priority.
 LEN, UTIL = "--max-model-len", "--gpu-memory-utilization"
+MM, NO_MM = "--limit-mm-per-prompt", '{"image": 0, "video": 0}'
 CASES: dict[str, tuple[str, list[str]]] = {
     "qwen3-30b-a3b-moe": ("Qwen3-30B-A3B", [LEN, "8192", UTIL, "0.9"]),
     "deepseek-v2-lite-mla": (
@@ -68,6 +69,20 @@ CASES: dict[str, tuple[str, list[str]]] = {
         "Llama-3.1-8B-Instruct",
         [LEN, "32768", UTIL, "0.9"],
     ),
+    # Issue 38, on an H200: hybrid state-space models, multimodal models with and without their tower,
+    # MXFP4 and AWQ weights.
+    "nemotron-nano-9b-v2-hybrid": (
+        "NVIDIA-Nemotron-Nano-9B-v2",
+        [LEN, "32768", UTIL, "0.9", "--enforce-eager"],
+    ),
+    "granite-4.0-h-tiny-hybrid-moe": ("granite-4.0-h-tiny", [LEN, "65536", UTIL, "0.9"]),
+    "qwen2.5-vl-7b-text-only": ("Qwen2.5-VL-7B-Instruct", [LEN, "32768", UTIL, "0.9", MM, NO_MM]),
+    "qwen2.5-vl-7b-images": ("Qwen2.5-VL-7B-Instruct", [LEN, "32768", UTIL, "0.9"]),
+    "gemma-3-4b-images": ("gemma-3-4b-it", [LEN, "32768", UTIL, "0.9"]),
+    "gemma-3-4b-text-only": ("gemma-3-4b-it", [LEN, "32768", UTIL, "0.9", MM, '{"image": 0}']),
+    "gpt-oss-120b-mxfp4": ("gpt-oss-120b", [LEN, "32768", UTIL, "0.9"]),
+    "gpt-oss-20b-mxfp4-h200": ("gpt-oss-20b", [LEN, "16384", UTIL, "0.9"]),
+    "qwen2.5-7b-awq-h200": ("Qwen2.5-7B-Instruct-AWQ", [LEN, "8192", UTIL, "0.9"]),
 }
 
 
@@ -77,13 +92,23 @@ def build(model: str, root: Path) -> str:
     import mkmodel
 
     config = json.loads((MODELS / model / "config.json").read_text())
-    vocab = int(config["vocab_size"])
-    if vocab <= max(mkmodel.SPECIALS):  # small vocabularies: the special tokens take the last ids
-        mkmodel.SPECIALS = {vocab - 3: "<|endoftext|>", vocab - 2: "<|im_start|>", vocab - 1: "<|im_end|>"}
+    text = config.get("text_config") if "vocab_size" not in config else None
+    vocab = int((text or config)["vocab_size"])
+    specials = dict(mkmodel.SPECIALS)
+    extra = None
+    extra_file = MODELS / model / "tokenizer_specials.json"
+    if extra_file.exists():  # a multimodal model's processor looks its image tokens up by name
+        found = json.loads(extra_file.read_text())
+        specials = {int(index): token for index, token in found["specials"].items()}
+        extra = found.get("extra_special_tokens")
+    elif vocab <= max(specials):  # small vocabularies: the special tokens take the last ids
+        specials = {vocab - 3: "<|endoftext|>", vocab - 2: "<|im_start|>", vocab - 1: "<|im_end|>"}
     out = root / model
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    mkmodel.tokenizer(vocab).save_pretrained(out)
+    for source in (MODELS / model).glob("*.json"):  # config.json and a multimodal model's processor files
+        if source.name != "tokenizer_specials.json":
+            (out / source.name).write_text(source.read_text())
+    mkmodel.tokenizer(vocab, specials, extra).save_pretrained(out)
     return str(out)
 
 
@@ -157,7 +182,9 @@ def main() -> None:
         else:
             model, flags = CASES[name]
             model_dir = Path(dirs[model].result())
-            line = run_case(name, model_dir, flags, args.out, min(left - 10, 180))
+            line = run_case(
+                name, model_dir, flags, args.out, min(left - 10, float(os.environ.get("CASE_LIMIT", "180")))
+            )
         print(line, flush=True)
         with summary.open("a") as f:
             f.write(line + "\n")

@@ -7,6 +7,7 @@ error (a missing file, a bad flag value), always with one line on stderr and nev
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +35,7 @@ MODEL_ONLY = (
     "kv_cache_memory_gib",
     "enforce_eager",
     "enable_expert_parallel",
+    "limit_mm_per_prompt",
 )
 
 
@@ -85,6 +87,15 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--enforce-eager", action="store_true", default=None, help="no CUDA graphs")
     parser.add_argument(
         "--enable-expert-parallel", action="store_true", default=None, help="spread whole experts over ranks"
+    )
+    parser.add_argument(
+        "--limit-mm-per-prompt",
+        metavar="JSON",
+        help=(
+            'items per prompt by modality, as vLLM takes it, e.g. \'{"image": 0, "video": 0}\'; '
+            "every modality "
+            "at 0: vLLM serves the language model alone, without the vision tower"
+        ),
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.set_defaults(func=run)
@@ -163,6 +174,7 @@ def _model_request(args: argparse.Namespace) -> PlanRequest:
         ),
         "enforce_eager": bool(args.enforce_eager),
         "enable_expert_parallel": bool(args.enable_expert_parallel),
+        "limit_mm_per_prompt": _mm_limits(args.limit_mm_per_prompt),
     }
     try:
         return PlanRequest(hf_config=hf_config, gpus=(gpu,), **settings)
@@ -210,3 +222,23 @@ def _fraction(raw: str) -> float:
             f"--gpu-memory-utilization: found {raw!r}; expected a fraction in (0, 1], e.g. 0.9 for 90 %"
         )
     return value
+
+
+def _mm_limits(raw: str | None) -> dict[str, int] | None:
+    """``--limit-mm-per-prompt`` as vLLM reads it: a JSON object of modality -> items (or {"count": N})."""
+    if raw is None:
+        return None
+    expected = 'expected a JSON object of modality -> items per prompt, e.g. \'{"image": 0, "video": 0}\''
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        raise UsageError(f"--limit-mm-per-prompt: found {raw!r}; {expected}") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"--limit-mm-per-prompt: found {raw!r}; {expected}")
+    limits: dict[str, int] = {}
+    for modality, item in value.items():
+        count = item.get("count") if isinstance(item, dict) else item
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise UsageError(f"--limit-mm-per-prompt: {modality}: found {item!r}; {expected}")
+        limits[str(modality)] = count
+    return limits

@@ -39,6 +39,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpufleet.planner.multimodal import MODELLED as MULTIMODAL_MODELLED
+from gpufleet.planner.multimodal import VisionTower, parse_vision
+
 GIB = 2**30
 VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE
 
@@ -80,7 +83,7 @@ MAX_LEN_KEYS = (
     "max_seq_length",
     "seq_len",
 )
-QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_moe"})
+QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_moe", "qwen2_5_vl", "qwen2_vl"})
 QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe", "gemma3_text", "gemma3"})
 FOUR_NORM_TYPES = frozenset({"gemma2", "gemma3_text", "gemma3"})  # pre/post attention and feed-forward
 
@@ -126,6 +129,47 @@ class MlaShape:
 
 
 @dataclass(frozen=True)
+class MambaShape:
+    """A Mamba-2 mixer (vLLM's ``MambaMixer2``) as a hybrid model's state-space layers build it."""
+
+    num_heads: int
+    head_dim: int
+    state_size: int  # N: ssm_state_size / mamba_d_state
+    n_groups: int
+    conv_kernel: int
+    intermediate_size: int  # num_heads x head_dim (Nemotron-H) or mamba_expand x hidden (Granite 4.0 H)
+    conv_bias: bool = True
+    proj_bias: bool = False
+    # The temporal (SSM) state's dtype when vLLM fixes it: Nemotron-H's is float32
+    # (NemotronHForCausalLMConfig.DEFAULT_MAMBA_SSM_CACHE_DTYPE); 0 = the model dtype (mamba_cache_dtype
+    # auto).
+    ssm_state_dtype_bytes: int = 0
+
+    def groups(self, tp: int) -> int:
+        """n_groups as each rank holds them: vLLM replicates a single group so that it follows the head
+        shards (``MambaStateShapeCalculator.extra_groups_for_head_shards``)."""
+        return self.n_groups if self.n_groups % tp == 0 else tp
+
+    def conv_dim(self, tp: int) -> int:
+        """Channels of the depthwise convolution on one rank: x, B and C."""
+        return (self.intermediate_size + 2 * self.groups(tp) * self.state_size) // tp
+
+    def state_bytes(self, tp: int, dtype_bytes: int) -> int:
+        """One sequence's state in one Mamba layer on one rank (vLLM's MambaSpec page before padding): the
+        conv state ``(conv_kernel - 1) x conv_dim`` in the model dtype plus the SSM state ``heads x head_dim x
+        state_size`` (``mamba2_state_shape``)."""
+        conv = (self.conv_kernel - 1) * self.conv_dim(tp) * dtype_bytes
+        ssm = (
+            self.num_heads
+            // tp
+            * self.head_dim
+            * self.state_size
+            * (self.ssm_state_dtype_bytes or dtype_bytes)
+        )
+        return conv + ssm
+
+
+@dataclass(frozen=True)
 class ModelArch:
     """The shape of a decoder-only transformer, as read from config.json."""
 
@@ -152,9 +196,26 @@ class ModelArch:
     attention_sinks: bool = False
     rotary_caches: int = 1
     rotary_dtype_bytes: int = 0  # 0: the model dtype; gpt-oss builds its YaRN cache in float32
+    # Hybrid state-space models: each layer's mixer ("attention" or "mamba"; Nemotron-H's blocks also "mlp",
+    # a block with an MLP and no mixer). Empty: attention everywhere.
+    layer_kinds: tuple[str, ...] = ()
+    mamba: MambaShape | None = None
+    # Nemotron-H: a block is one mixer *or* one MLP, with one norm (no MLP beside a mixer).
+    single_module_blocks: bool = False
+    vision: VisionTower | None = None  # a multimodal model's vision tower and projector
+    # Gemma 3's second (local, sliding-window) rotary cache: max_position_embeddings long, unscaled, where the
+    # global one (LinearScalingRotaryEmbedding) is max_position x factor. 0 = as long as the first.
+    local_rotary_positions: int = 0
 
     def is_moe_layer(self, layer: int) -> bool:
         return self.moe is not None and layer not in self.moe.dense_layers
+
+    def layer_kind(self, layer: int) -> str:
+        return self.layer_kinds[layer] if self.layer_kinds else "attention"
+
+    def is_attention_layer(self, layer: int) -> bool:
+        """Whether the layer holds a KV cache (an attention mixer)."""
+        return self.layer_kind(layer) == "attention"
 
     def window(self, layer: int) -> int | None:
         return self.layer_windows[layer] if self.layer_windows else None
@@ -248,8 +309,13 @@ def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def parse_arch(config: Mapping[str, Any]) -> ModelArch:
-    """Read the shape of the model; raises PlannerInputError for configs the planner cannot model."""
+    """Read the shape of the model; raises PlannerInputError for configs the planner cannot model.
+
+    A modelled multimodal model's language model is read from ``text_config`` (or the top level, where
+    Qwen2.5-VL keeps it), its vision tower from ``vision_config`` (:mod:`gpufleet.planner.multimodal`)."""
     _refuse_unsupported(config)
+    vision = parse_vision(config)
+    config = text_config(config)
     model_type = str(config.get("model_type", "unknown"))
     hidden = _int(config, "hidden_size")
     heads = _int(config, "num_attention_heads")
@@ -272,6 +338,10 @@ def parse_arch(config: Mapping[str, Any]) -> ModelArch:
             "['Qwen2ForCausalLM']. Fix: point the planner at the model's own config.json"
         )
     architecture = str(architectures[0]) if architectures else ""
+    kinds, mamba = _parse_hybrid(config, model_type, layers)
+    no_rotary = model_type == "nemotron_h" or (
+        model_type == "granitemoehybrid" and config.get("position_embedding_type", "rope") != "rope"
+    )
     return ModelArch(
         model_type=model_type,
         hidden_size=hidden,
@@ -294,9 +364,98 @@ def parse_arch(config: Mapping[str, Any]) -> ModelArch:
         layer_windows=_layer_windows(config, model_type, layers),
         norms_per_layer=4 if model_type in FOUR_NORM_TYPES else 2,
         attention_sinks=model_type == "gpt_oss",
-        rotary_caches=2 if model_type in {"gemma3_text", "gemma3"} else 1,
+        rotary_caches=0 if no_rotary else 2 if model_type in {"gemma3_text", "gemma3"} else 1,
         rotary_dtype_bytes=4 if model_type == "gpt_oss" else 0,  # vLLM's gpt_oss.py: get_rope(dtype=float32)
+        layer_kinds=kinds,
+        mamba=mamba,
+        single_module_blocks=model_type == "nemotron_h",
+        vision=vision,
+        local_rotary_positions=_opt_int(config, "max_position_embeddings")
+        if model_type in {"gemma3_text", "gemma3"}
+        else 0,
     )
+
+
+# Hybrid families vLLM 0.24 serves whose state-space or linear-attention layers the planner does not build
+# yet.
+UNMODELLED_HYBRIDS = {
+    "falcon_h1": "Falcon-H1",
+    "jamba": "Jamba",
+    "zamba2": "Zamba2",
+    "qwen3_next": "Qwen3-Next (gated DeltaNet)",
+    "minimax": "MiniMax (lightning attention)",
+    "minimax_m1": "MiniMax (lightning attention)",
+    "minimax_text_01": "MiniMax (lightning attention)",
+    "bamba": "Bamba",
+    "plamo2": "PLaMo 2",
+    "lfm2": "LFM2",
+    "kimi_linear": "Kimi Linear",
+}
+NEMOTRON_H_BLOCKS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+
+
+def _parse_hybrid(
+    config: Mapping[str, Any], model_type: str, layers: int
+) -> tuple[tuple[str, ...], MambaShape | None]:
+    """Layer kinds and the Mamba-2 mixer of a hybrid state-space model (vLLM 0.24's nemotron_h.py and
+    granitemoehybrid.py); nothing for a transformer."""
+    if model_type in UNMODELLED_HYBRIDS:
+        raise PlannerUnmodelledError(
+            f"config.json: model_type: found {model_type!r} ({UNMODELLED_HYBRIDS[model_type]}); expected a "
+            "model the planner can size. Fix: the planner models the Mamba-2 hybrids Nemotron-H and "
+            "Granite 4.0 H only; size this one by hand"
+        )
+    if model_type == "nemotron_h":
+        pattern = str(config.get("hybrid_override_pattern", ""))
+        if len(pattern) != layers or any(char not in NEMOTRON_H_BLOCKS for char in pattern):
+            raise PlannerInputError(
+                f"config.json: hybrid_override_pattern: found {pattern!r}; expected one of M, *, -, E per "
+                f"layer ({layers}). Fix: point the planner at the model's own config.json"
+            )
+        if "E" in pattern:
+            raise PlannerUnmodelledError(
+                "config.json: hybrid_override_pattern: found MoE blocks (E); expected Mamba (M), attention "
+                "(*) and MLP (-) blocks. Fix: the planner does not model Nemotron-H's MoE blocks yet; "
+                "size it by hand"
+            )
+        heads = _int(config, "mamba_num_heads")
+        head_dim = _int(config, "mamba_head_dim")
+        return tuple(NEMOTRON_H_BLOCKS[char] for char in pattern), MambaShape(
+            num_heads=heads,
+            head_dim=head_dim,
+            state_size=_opt_int(config, "ssm_state_size") or 128,
+            n_groups=_opt_int(config, "n_groups", "mamba_n_groups") or 8,
+            conv_kernel=_opt_int(config, "conv_kernel", "mamba_d_conv") or 4,
+            intermediate_size=heads * head_dim,
+            conv_bias=bool(config.get("use_conv_bias", config.get("mamba_conv_bias", True))),
+            proj_bias=bool(config.get("use_bias", False)),
+            ssm_state_dtype_bytes=_ssm_dtype_bytes(config.get("mamba_ssm_cache_dtype", "float32")),
+        )
+    if model_type == "granitemoehybrid":
+        types = config.get("layer_types")
+        if not isinstance(types, list) or len(types) != layers:
+            raise PlannerInputError(
+                f"config.json: layer_types: found {types!r}; expected 'mamba' or 'attention' per layer "
+                f"({layers}). Fix: point the planner at the model's own config.json"
+            )
+        kinds = tuple("mamba" if kind == "mamba" else "attention" for kind in types)
+        if "mamba" not in kinds:  # granite-4.0-micro: the hybrid class with attention only
+            return (), None
+        return kinds, MambaShape(
+            num_heads=_int(config, "mamba_n_heads"),
+            head_dim=_int(config, "mamba_d_head"),
+            state_size=_opt_int(config, "mamba_d_state") or 128,
+            n_groups=_opt_int(config, "mamba_n_groups") or 1,
+            conv_kernel=_opt_int(config, "mamba_d_conv") or 4,
+            intermediate_size=(_opt_int(config, "mamba_expand") or 2) * _int(config, "hidden_size"),
+            conv_bias=bool(config.get("mamba_conv_bias", True)),
+            proj_bias=bool(config.get("mamba_proj_bias", False)),
+        )
+    return (), None
+
+
+def _ssm_dtype_bytes(name: object) -> int:
+    return {"float32": 4, "float16": 2, "bfloat16": 2}.get(str(name), 0)
 
 
 def _parse_mla(config: Mapping[str, Any]) -> MlaShape | None:
@@ -318,7 +477,8 @@ def _parse_moe(config: Mapping[str, Any], layers: int) -> MoeShape | None:
     model_type = str(config.get("model_type", ""))
     # Mixtral and gpt-oss size their experts with intermediate_size; the others with moe_intermediate_size.
     per_expert = _opt_int(config, "moe_intermediate_size", "intermediate_size")
-    shared = _opt_int(config, "shared_expert_intermediate_size")
+    # Granite 4.0 H names its shared expert shared_intermediate_size (GraniteMoeSharedMLP).
+    shared = _opt_int(config, "shared_expert_intermediate_size", "shared_intermediate_size")
     if not shared and _opt_int(config, "n_shared_experts"):
         shared = _opt_int(config, "n_shared_experts") * per_expert
     dense = set(range(min(_opt_int(config, "first_k_dense_replace"), layers)))
@@ -368,10 +528,17 @@ def _layer_windows(  # noqa: PLR0911  (one return per family rule reads best)
 
 
 def _refuse_unsupported(config: Mapping[str, Any]) -> None:
-    if "hidden_size" not in config and isinstance(config.get("text_config"), dict):
+    architectures = config.get("architectures")
+    name = str(architectures[0]) if isinstance(architectures, list) and architectures else "?"
+    multimodal = isinstance(config.get("vision_config"), dict) or (
+        "hidden_size" not in config and isinstance(config.get("text_config"), dict)
+    )
+    if multimodal and name not in MULTIMODAL_MODELLED:
+        modelled = ", ".join(MULTIMODAL_MODELLED)
         raise PlannerUnmodelledError(
-            "config.json: text_config: found a multimodal model; expected a text-only decoder. "
-            "Fix: the planner does not model vision towers yet; size this deployment by hand"
+            f"config.json: architectures: found the multimodal model {name}; expected a text-only decoder or "
+            f"one of {modelled}. Fix: the planner does not model this family's vision tower; size this "
+            "deployment by hand"
         )
     if config.get("num_nextn_predict_layers") and config.get("model_type") == "deepseek_v4":
         raise PlannerUnmodelledError(
@@ -627,10 +794,56 @@ def _moe_mlp(arch: ModelArch, moe: MoeShape, par: Parallelism) -> list[Param]:
     return params
 
 
+def _mamba_params(mamba: MambaShape, hidden: int, tp: int) -> list[Param]:
+    """vLLM 0.24's MambaMixer2 on one rank: in_proj (z, x, B, C, dt), the depthwise conv1d (never quantized:
+    built with quant_config=None), A (float32), D, dt_bias, the gated RMSNorm and out_proj."""
+    heads = mamba.num_heads // tp
+    inner = mamba.intermediate_size // tp
+    conv = mamba.conv_dim(tp)
+    in_out = inner + conv + heads
+    params = [Param("mixer.in_proj.weight", in_out, hidden, shards=5)]
+    if mamba.proj_bias:
+        params.append(Param("mixer.in_proj.bias", in_out))
+    params.append(Param("mixer.conv1d.weight", conv, mamba.conv_kernel, quantizable=False))
+    if mamba.conv_bias:
+        params.append(Param("mixer.conv1d.bias", conv))
+    params += [
+        Param("mixer.A", heads, dtype_bytes=4),
+        Param("mixer.D", heads),
+        Param("mixer.dt_bias", heads),
+        Param("mixer.out_proj.weight", hidden, inner),
+    ]
+    if mamba.proj_bias:
+        params.append(Param("mixer.out_proj.bias", hidden))
+    params.append(Param("mixer.norm.weight", inner))
+    return params
+
+
+def _relu2_mlp(arch: ModelArch, tp: int) -> list[Param]:
+    """Nemotron-H's MLP block: up_proj and down_proj, no gate (squared ReLU)."""
+    inter = math.ceil(arch.intermediate_size / tp)
+    return [
+        Param("mixer.up_proj.weight", inter, arch.hidden_size),
+        Param("mixer.down_proj.weight", arch.hidden_size, inter),
+    ]
+
+
 def layer_params(arch: ModelArch, tp: int | Parallelism, layer: int = 0) -> list[Param]:
     """Decoder layer ``layer``'s parameters on one rank, in vLLM's registration order."""
     par = tp if isinstance(tp, Parallelism) else Parallelism(tp)
-    params = _attention_params(arch, par.tp)
+    kind = arch.layer_kind(layer)
+    if arch.single_module_blocks:  # Nemotron-H: one mixer or MLP, one norm
+        if kind == "mamba" and arch.mamba is not None:
+            params = _mamba_params(arch.mamba, arch.hidden_size, par.tp)
+        elif kind == "mlp":
+            params = _relu2_mlp(arch, par.tp)
+        else:
+            params = _attention_params(arch, par.tp)
+        return [*params, Param("norm.weight", arch.hidden_size)]
+    if kind == "mamba" and arch.mamba is not None:
+        params = _mamba_params(arch.mamba, arch.hidden_size, par.tp)
+    else:
+        params = _attention_params(arch, par.tp)
     if arch.moe is not None and arch.is_moe_layer(layer):
         params += _moe_mlp(arch, arch.moe, par)
     else:
@@ -840,9 +1053,9 @@ def iter_layer_tensors(
 ) -> Iterator[tuple[int, int, int, tuple[int, ...]]]:
     """:func:`iter_layer_bytes` plus the bytes of each GPU tensor of the parameter (:func:`param_tensors`)."""
     indices = range(layers) if isinstance(layers, int) else layers
-    cache: dict[bool, list[tuple[int, int, tuple[int, ...]]]] = {}
+    cache: dict[tuple[bool, str], list[tuple[int, int, tuple[int, ...]]]] = {}
     for position, layer in enumerate(indices):
-        kind = arch.is_moe_layer(layer)
+        kind = (arch.is_moe_layer(layer), arch.layer_kind(layer))
         if kind not in cache:
             cache[kind] = [
                 (*param_bytes(param, dtype_bytes, quant), param_tensors(param, dtype_bytes, quant))

@@ -29,6 +29,9 @@ KNOWN_MODEL_TYPES = frozenset(
         "gemma2",
         "gemma3_text",
         "gpt_oss",
+        "nemotron_h",
+        "granitemoehybrid",
+        "qwen2_5_vl",
     }
 )
 # GPUs before Ampere: no bfloat16 in vLLM (compute capability < 8.0).
@@ -87,6 +90,8 @@ def _check_parallelism(context: PlanContext) -> list[str]:
             f"tensor_parallel_size: intermediate_size ({arch.intermediate_size}) is not divisible by tensor "
             f"parallel size ({tp}). {fix}"
         )
+    if arch.mamba is not None:
+        errors += _check_mamba_parallelism(arch.mamba.num_heads, arch.mamba.n_groups, tp)
     if pp > arch.num_layers:
         errors.append(
             f"pipeline_parallel_size: pipeline parallel size ({pp}) is larger than the number of hidden "
@@ -98,6 +103,26 @@ def _check_parallelism(context: PlanContext) -> list[str]:
         errors.append(
             f"tensor_parallel_size x pipeline_parallel_size: {tp} x {pp} = {tp * pp} GPUs needed but the "
             f"deployment has {gpus}. Fix: lower tensor_parallel_size or pipeline_parallel_size, or add GPUs"
+        )
+    return errors
+
+
+def _check_mamba_parallelism(heads: int, groups: int, tp: int) -> list[str]:
+    """MambaMixer2's assertions (vllm/model_executor/layers/mamba/mamba_mixer2.py)."""
+    choices = ", ".join(
+        str(size) for size in range(1, heads + 1) if heads % size == 0 and (groups % size == 0 or groups == 1)
+    )
+    fix = f"Fix: set tensor_parallel_size to one of {choices}"
+    errors = []
+    if heads % tp:
+        errors.append(
+            f"tensor_parallel_size: Tensor parallel world size must divide num heads (Mamba heads {heads}, "
+            f"tensor parallel size {tp}). {fix}"
+        )
+    if groups % tp and groups != 1:
+        errors.append(
+            "tensor_parallel_size: If tensor parallel world size does not divide num_groups, then num_groups "
+            f"must equal 1 (Mamba groups {groups}, tensor parallel size {tp}). {fix}"
         )
     return errors
 

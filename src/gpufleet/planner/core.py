@@ -41,6 +41,7 @@ from gpufleet.planner.arch import (
     resolve_dtype,
     resolve_kv_cache_dtype,
     resolve_quantization,
+    text_config,
 )
 from gpufleet.planner.checks import check_kv_cache, check_settings, context_warnings
 from gpufleet.planner.estimates import (
@@ -57,6 +58,7 @@ from gpufleet.planner.model import (
     PlanRequest,
     StagePlan,
 )
+from gpufleet.planner.multimodal import encoder_profile
 from gpufleet.planner.weights import StageShape, stage_weights
 
 # The planner's public surface is gpufleet.planner.__all__; this module adds plan() and load_model_config.
@@ -101,8 +103,8 @@ def _no_constant(name: str) -> float:
 
 def resolve(request: PlanRequest) -> PlanContext:
     """Resolve the request; raises PlannerInputError for a config or setting the planner cannot use."""
-    config = request.hf_config
-    arch = parse_arch(config)
+    arch = parse_arch(request.hf_config)
+    config = text_config(request.hf_config)  # a multimodal model's language model
     dtype = resolve_dtype(request.dtype, config)
     kv_name, kv_bytes = resolve_kv_cache_dtype(request.kv_cache_dtype, dtype)
     gpu = min(request.gpus, key=lambda device: device.memory_gib)
@@ -148,6 +150,7 @@ def plan_stage(context: PlanContext, rank: int, bounds: tuple[int, int]) -> Stag
         first_layer=bounds[0],
         expert_parallel=request.enable_expert_parallel,
         cuda_allocator=is_nvidia(context.gpu.name),
+        vision_tower=arch.vision is not None and arch.vision.builds_tower(request.limit_mm_per_prompt),
     )
     weights = stage_weights(arch, shape, context.quant, request.cpu_offload_gb)
     activation = activation_peak_bytes(
@@ -159,6 +162,19 @@ def plan_stage(context: PlanContext, rank: int, bounds: tuple[int, int]) -> Stag
         staging=weights.largest_offloaded_layer_bytes,
         runner=runner,
     )
+    if arch.vision is not None and shape.vision_tower:
+        # The profile run encodes dummy images or videos first and keeps their outputs while the language
+        # model's dummy batch runs: the peak is the larger of the two phases.
+        encoder = encoder_profile(
+            arch.vision,
+            request.limit_mm_per_prompt,
+            max_model_len=context.max_model_len,
+            batching=context.batching,
+            tp=tp,
+            dtype_bytes=context.dtype_bytes,
+        )
+        if encoder is not None:
+            activation = max(activation + encoder.outputs_bytes, encoder.forward_peak_bytes)
     non_torch = non_torch_bytes(context.world_size)
     graphs = cuda_graph_bytes(arch, layers, request.enforce_eager, runner)
     if request.kv_cache_memory_gib is not None:
@@ -166,7 +182,9 @@ def plan_stage(context: PlanContext, rank: int, bounds: tuple[int, int]) -> Stag
     else:
         requested = int(context.gpu.memory_gib * request.gpu_memory_utilization * GIB)
         kv = requested - weights.total_bytes - activation - non_torch - graphs
-    layout = kv_layout(arch, range(*bounds), tp, context.kv_dtype_bytes, request.block_size)
+    layout = kv_layout(
+        arch, range(*bounds), tp, context.kv_dtype_bytes, request.block_size, dtype_bytes=context.dtype_bytes
+    )
     blocks = layout.blocks(kv)
     return StagePlan(
         pipeline_rank=rank,
@@ -177,6 +195,7 @@ def plan_stage(context: PlanContext, rank: int, bounds: tuple[int, int]) -> Stag
         lm_head_gib=_gib(weights.lm_head_bytes),
         other_gib=_gib(weights.other_bytes),
         weights_gib=_gib(weights.total_bytes),
+        vision_tower_gib=_gib(weights.vision_bytes),
         offloaded_weights_gib=_gib(weights.offloaded_bytes),
         activation_peak_gib=_gib(activation),
         non_torch_gib=_gib(non_torch),
@@ -228,6 +247,7 @@ def propose(request: PlanRequest, result: Plan) -> dict[str, float | int]:
         request.tensor_parallel_size,
         context.kv_dtype_bytes,
         request.block_size,
+        dtype_bytes=context.dtype_bytes,
     )
     blocks, batched = result.kv_cache_blocks, result.max_num_batched_tokens
     if blocks and layout.blocks_per_request(1, batched) <= blocks:
@@ -272,6 +292,7 @@ def _plan(request: PlanRequest) -> Plan:
         request.tensor_parallel_size,
         context.kv_dtype_bytes,
         request.block_size,
+        dtype_bytes=context.dtype_bytes,
     )
     tokens, concurrency = layout.capacity(
         deciding.kv_cache_blocks, context.max_model_len, context.batching[0]
@@ -295,8 +316,9 @@ def _plan(request: PlanRequest) -> Plan:
         derived_max_model_len=context.derived.value,
         max_num_batched_tokens=context.batching[0],
         max_num_seqs=context.batching[1],
-        block_size=request.block_size,
+        block_size=layout.block_size,
         weights_gib_per_gpu=deciding.weights_gib,
+        vision_tower_gib_per_gpu=deciding.vision_tower_gib,
         offloaded_weights_gib_per_gpu=deciding.offloaded_weights_gib,
         activation_peak_gib=deciding.activation_peak_gib,
         non_torch_gib=deciding.non_torch_gib,
@@ -307,7 +329,7 @@ def _plan(request: PlanRequest) -> Plan:
         kv_cache_tokens=tokens,
         max_concurrency=concurrency,
         model_runner=model_runner(context.arch),
-        kv_cache_groups=len(layout.windows),
+        kv_cache_groups=len(layout.windows) + layout.mamba_groups,
         estimated=estimated,
         deciding_stage=deciding.pipeline_rank,
         stages=stages,

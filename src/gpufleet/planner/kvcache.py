@@ -15,6 +15,14 @@ Mirrors ``vllm/v1/core/kv_cache_utils.py`` and ``vllm/v1/kv_cache_interface.py``
   full-attention group and ``cdiv(min(window - 1 + max_num_batched_tokens, max_model_len), block_size) + 1``
   in a sliding-window group. With full attention only this is ``num_blocks x block_size`` whenever
   ``max_model_len`` is a multiple of the block size.
+- hybrid state-space models (Nemotron-H, Granite 4.0 H): each Mamba layer keeps one fixed state per
+  sequence (``MambaSpec``, ``mamba_cache_mode`` "none": prefix caching is off for hybrid models by default,
+  ``ModelConfig.is_prefix_caching_supported``), the conv state plus the SSM state. vLLM raises the attention
+  block size until an attention page holds a Mamba state (``Platform._align_hybrid_block_size``: ``block_size
+  = align x cdiv(mamba_page, align x attention_page_per_token)``, ``align = max(16, block_size)`` for
+  FlashAttention) and pads the Mamba page to the attention page; the Mamba layers and the attention layers
+  then form groups like any two attention types, and a request holds one block in each Mamba group
+  (``MambaSpec.max_memory_usage_bytes``).
 """
 
 from __future__ import annotations
@@ -34,6 +42,8 @@ class KvLayout:
     group_size: int  # layers per group = KV tensors sharing each block
     windows: tuple[int | None, ...]
     block_size: int
+    mamba_groups: int = 0  # groups of Mamba layers: one block (a sequence's state) per request each
+    mamba_state_bytes: int = 0  # one layer's state per sequence before vLLM pads it to page_bytes
 
     @property
     def block_bytes(self) -> int:
@@ -50,7 +60,7 @@ class KvLayout:
         return max(0, kv_cache_bytes // self.page_bytes // self.group_size)
 
     def blocks_per_request(self, max_model_len: int, max_num_batched_tokens: int) -> int:
-        total = 0
+        total = self.mamba_groups
         for window in self.windows:
             if window is None:
                 total += math.ceil(max_model_len / self.block_size)
@@ -68,9 +78,34 @@ class KvLayout:
         return int(concurrency * max_model_len), concurrency
 
 
-def kv_layout(arch: ModelArch, layers: range, tp: int, kv_dtype_bytes: int, block_size: int) -> KvLayout:
-    """The layout vLLM builds for the attention layers ``layers`` on one GPU."""
-    page = block_size * kv_bytes_per_token_layer(arch, tp, kv_dtype_bytes)
+# FlashAttention's smallest kernel block (get_supported_kernel_block_sizes: MultipleOf(16), or 16/32/64 for a
+# hybrid model with a float32 Mamba state): the alignment of a hybrid model's attention block.
+FLASH_ATTENTION_BLOCK_ALIGN = 16
+
+
+def hybrid_block_size(per_token: int, mamba_state: int, block_size: int) -> int:
+    """The attention block size vLLM 0.24 settles on for a hybrid model (``_align_hybrid_block_size``,
+    without prefix caching): the smallest multiple of the kernel alignment whose page holds a Mamba state."""
+    align = max(FLASH_ATTENTION_BLOCK_ALIGN, block_size)
+    needed = align * math.ceil(mamba_state / (align * per_token))
+    return max(block_size, needed)
+
+
+def kv_layout(
+    arch: ModelArch,
+    layers: range,
+    tp: int,
+    kv_dtype_bytes: int,
+    block_size: int,
+    *,
+    dtype_bytes: int = 2,
+) -> KvLayout:
+    """The layout vLLM builds for the attention (and Mamba) layers ``layers`` on one GPU; ``dtype_bytes``
+    is the model dtype's (a Mamba conv state's)."""
+    per_token = kv_bytes_per_token_layer(arch, tp, kv_dtype_bytes)
+    if arch.mamba is not None:
+        return _hybrid_layout(arch, layers, tp, per_token, block_size=block_size, dtype_bytes=dtype_bytes)
+    page = block_size * per_token
     counts = Counter(arch.window(layer) for layer in layers)
     if len(counts) <= 1:
         window = next(iter(counts), None)
@@ -81,3 +116,29 @@ def kv_layout(arch: ModelArch, layers: range, tp: int, kv_dtype_bytes: int, bloc
     for window, count in counts.items():
         windows += [window] * math.ceil(count / group_size)
     return KvLayout(page, group_size, tuple(windows), block_size)
+
+
+def _hybrid_layout(
+    arch: ModelArch, layers: range, tp: int, per_token: int, *, block_size: int, dtype_bytes: int
+) -> KvLayout:
+    """Attention and Mamba layers: one page size for both (the Mamba state padded), groups as for two
+    attention types (``_get_kv_cache_groups_uniform_page_size``); MLP-only blocks hold no cache."""
+    assert arch.mamba is not None
+    state = arch.mamba.state_bytes(tp, dtype_bytes)
+    size = hybrid_block_size(per_token, state, block_size)
+    attention = sum(1 for layer in layers if arch.is_attention_layer(layer))
+    mamba = sum(1 for layer in layers if arch.layer_kind(layer) == "mamba")
+    counts = [count for count in (attention, mamba) if count]
+    if not counts:
+        return KvLayout(size * per_token, 0, (), size)
+    smallest, largest = min(counts), max(counts)
+    group_size = largest if largest < smallest * 1.5 else smallest
+    windows: tuple[None, ...] = (None,) * math.ceil(attention / group_size) if attention else ()
+    return KvLayout(
+        size * per_token,
+        group_size,
+        windows,
+        size,
+        mamba_groups=math.ceil(mamba / group_size) if mamba else 0,
+        mamba_state_bytes=state,
+    )

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpufleet.planner.arch import DTYPE_BYTES, DerivedMaxLen, ModelArch, Quantization
+from gpufleet.planner.vllm_archs import VLLM_VERSION
 
 # vLLM's --block-size choices (CacheConfig); plan --block-size and the inventory's schema take the same ones.
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
@@ -47,6 +48,10 @@ class PlanRequest(BaseModel):
     kv_cache_memory_gib: float | None = Field(default=None, gt=0)
     enforce_eager: bool = False
     enable_expert_parallel: bool = False
+    # --limit-mm-per-prompt: items per prompt by modality ({"image": 0, "video": 0}); None or a modality left
+    # out = vLLM's default (999). Every modality of a multimodal model at 0: vLLM loads the language model
+    # alone.
+    limit_mm_per_prompt: dict[str, int] | None = None
 
 
 class StagePlan(BaseModel):
@@ -62,6 +67,7 @@ class StagePlan(BaseModel):
     lm_head_gib: float
     other_gib: float  # final norm and rotary cache
     weights_gib: float
+    vision_tower_gib: float = 0.0  # a multimodal model's vision tower and projector (in weights_gib)
     offloaded_weights_gib: float
     activation_peak_gib: float
     non_torch_gib: float
@@ -75,6 +81,8 @@ class Plan(BaseModel):
     """What vLLM will do per GPU; figures named in ``estimated`` are estimates, the rest are computed."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    vllm_version: str = VLLM_VERSION  # the vLLM release whose logic (and start-ups) the plan follows
 
     model_type: str
     dtype: str
@@ -90,8 +98,9 @@ class Plan(BaseModel):
     derived_max_model_len: int
     max_num_batched_tokens: int
     max_num_seqs: int
-    block_size: int
+    block_size: int  # as vLLM settles it: a hybrid model's attention block holds a Mamba state
     weights_gib_per_gpu: float
+    vision_tower_gib_per_gpu: float  # included in weights_gib_per_gpu; 0 when vLLM does not build the tower
     offloaded_weights_gib_per_gpu: float
     activation_peak_gib: float
     non_torch_gib: float
@@ -102,7 +111,7 @@ class Plan(BaseModel):
     kv_cache_tokens: int
     max_concurrency: float
     model_runner: str  # "v1" or "v2": vLLM 0.24's model runner for this architecture
-    kv_cache_groups: int  # vLLM's KV-cache groups (more than one with sliding-window layers)
+    kv_cache_groups: int  # vLLM's KV-cache groups (more than one with sliding-window or Mamba layers)
     estimated: list[str]
     deciding_stage: int
     stages: list[StagePlan]

@@ -40,6 +40,8 @@ def summary_rows(plan: Plan) -> list[tuple[str, str, str]]:
         ),
         (f"Weights per GPU{stage}", f"{plan.weights_gib_per_gpu:.4f} GiB", COMPUTED_MARK),
     ]
+    if plan.vision_tower_gib_per_gpu:
+        rows.append(("of which vision tower", f"{plan.vision_tower_gib_per_gpu:.4f} GiB", COMPUTED_MARK))
     if plan.offloaded_weights_gib_per_gpu:
         rows.append(
             ("Offloaded to CPU per GPU", f"{plan.offloaded_weights_gib_per_gpu:.4f} GiB", COMPUTED_MARK)
@@ -70,8 +72,8 @@ def summary_table(plan: Plan) -> Table:
     quant = f", {plan.quantization}" if plan.quantization else ""
     table = Table(
         title=(
-            f"vLLM memory plan: {plan.model_type}, {plan.dtype}{quant}, KV {plan.kv_cache_dtype}, "
-            f"TP {plan.tensor_parallel_size} x PP {plan.pipeline_parallel_size}"
+            f"vLLM {plan.vllm_version} memory plan: {plan.model_type}, {plan.dtype}{quant}, "
+            f"KV {plan.kv_cache_dtype}, TP {plan.tensor_parallel_size} x PP {plan.pipeline_parallel_size}"
         )
     )
     table.add_column("Figure")

@@ -28,6 +28,7 @@ from gpufleet.planner.arch import (
     iter_layer_tensors,
     vocab_per_rank,
 )
+from gpufleet.planner.multimodal import tower_tensors
 
 
 @dataclass(frozen=True)
@@ -40,10 +41,17 @@ class StageWeights:
     other_bytes: int  # final norm and the rotary cos/sin cache
     offloaded_bytes: int
     largest_offloaded_layer_bytes: int  # copied back to the GPU while that layer runs
+    vision_bytes: int = 0  # a multimodal model's vision tower and projector (every stage builds them)
 
     @property
     def total_bytes(self) -> int:
-        return self.embedding_bytes + self.layers_bytes + self.lm_head_bytes + self.other_bytes
+        return (
+            self.embedding_bytes
+            + self.layers_bytes
+            + self.lm_head_bytes
+            + self.other_bytes
+            + self.vision_bytes
+        )
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,8 @@ class StageShape:
     expert_parallel: bool = False
     # vLLM's CUDA platform (an NVIDIA GPU): tensors count as caching-allocator blocks (cuda_block_bytes).
     cuda_allocator: bool = False
+    # A multimodal model's tower is built unless --limit-mm-per-prompt sets every modality to 0.
+    vision_tower: bool = True
 
     @property
     def parallelism(self) -> Parallelism:
@@ -84,9 +94,18 @@ def stage_weights(
     other = block(arch.hidden_size * shape.dtype_bytes) if is_last else 0
     if shape.layers:
         rotary_bytes = arch.rotary_dtype_bytes or shape.dtype_bytes
-        other += arch.rotary_caches * block(shape.rotary_positions * arch.rotary_dim * rotary_bytes)
+        lengths = [shape.rotary_positions] * arch.rotary_caches
+        if arch.rotary_caches == 2 and arch.local_rotary_positions:
+            # Gemma 3: the local layers' cache is max_position_embeddings long (rope_local_base_freq, no
+            # scaling)
+            lengths[1] = arch.local_rotary_positions
+        other += sum(block(length * arch.rotary_dim * rotary_bytes) for length in lengths)
     on_gpu, offloaded, largest = _offload_layers(arch, shape, quant, int(cpu_offload_gb * GIB), block)
+    vision = 0
+    if arch.vision is not None and shape.vision_tower:
+        vision = sum(block(size) for size in tower_tensors(arch.vision, shape.tp, shape.dtype_bytes))
     return StageWeights(
+        vision_bytes=vision,
         embedding_bytes=table_bytes if has_embedding else 0,
         layers_bytes=on_gpu,
         lm_head_bytes=table_bytes if has_lm_head else 0,

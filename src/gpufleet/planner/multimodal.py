@@ -1,0 +1,259 @@
+"""Multimodal models: the vision tower's weights and whether vLLM 0.24 builds the tower at all.
+
+Mirrors what vLLM 0.24 builds for the families the planner models:
+
+- **Qwen2.5-VL** (``Qwen2_5_VLForConditionalGeneration``, vllm/model_executor/models/qwen2_5_vl.py): the patch
+  embedding (a bias-free ``Conv3dLayer``, ``hidden x 3 x temporal_patch x patch x patch``), a rotary cache
+  (``get_rope(head_dim, max_position=8192, partial_rotary_factor=0.5)``), ``depth`` blocks of two RMSNorms,
+  ``qkv`` and ``proj`` with biases and a gated MLP (``gate_up_proj``, ``down_proj``, biases), and the patch
+  merger (RMSNorm, ``4 hidden x 4 hidden`` and ``out_hidden x 4 hidden`` with biases). The language model is
+  Qwen2's (q/k/v biases).
+- **Gemma 3** (``Gemma3ForConditionalGeneration``, gemma3_mm.py and siglip.py): SigLIP's patch embedding
+  (``Conv2dLayer`` with a bias), position embedding (``(image_size / patch)^2 x hidden`` and an int64
+  ``position_ids`` buffer), ``num_hidden_layers`` encoder layers (two LayerNorms with biases, ``qkv_proj``,
+  ``out_proj``, ``fc1``, ``fc2``, all with biases), the post LayerNorm, and the projector
+  (``mm_input_projection_weight``: vision hidden x text hidden, and an RMSNorm).
+
+The tower is sharded over tensor-parallel ranks like the language model (vLLM's default
+``mm_encoder_tp_mode`` "weights"), and is not split by pipeline stage: every rank builds it.
+
+``--limit-mm-per-prompt`` with every modality at 0 makes vLLM build the language model alone
+(``SupportsMultiModal._mark_tower_model``: the tower's modules become ``StageMissingLayer``; no weights, no
+encoder profiling). Other multimodal families are refused as unmodelled (the planner names them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# architectures[0] -> (family, the modalities whose limits decide whether vLLM builds the tower)
+MODELLED = {
+    "Qwen2_5_VLForConditionalGeneration": ("qwen2_5_vl", ("image", "video")),
+    "Gemma3ForConditionalGeneration": ("gemma3", ("image",)),
+}
+
+
+@dataclass(frozen=True)
+class VisionTower:
+    """The vision encoder and projector of a multimodal model, as vLLM 0.24 builds them."""
+
+    family: str  # "qwen2_5_vl" | "gemma3"
+    hidden_size: int
+    intermediate_size: int
+    layers: int
+    num_heads: int
+    patch_size: int
+    out_hidden_size: int  # the language model's hidden size
+    modalities: tuple[str, ...]
+    temporal_patch_size: int = 1
+    spatial_merge_size: int = 1
+    image_size: int = 0  # SigLIP's fixed input size
+    tokens_per_image: int = 0  # Gemma 3's mm_tokens_per_image
+
+    def builds_tower(self, limits: Mapping[str, int] | None) -> bool:
+        """False when every modality of the tower is limited to 0 items per prompt (vLLM then loads the
+        language model alone); an unnamed modality keeps vLLM's default of 999."""
+        if not limits:
+            return True
+        return any(limits.get(modality, 999) > 0 for modality in self.modalities)
+
+
+def _positive(config: Mapping[str, Any], key: str, default: int = 0) -> int:
+    value = config.get(key, default)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
+
+
+def parse_vision(config: Mapping[str, Any]) -> VisionTower | None:
+    """The vision tower of a modelled multimodal architecture; None for a text-only model or another
+    family."""
+    architectures = config.get("architectures")
+    name = str(architectures[0]) if isinstance(architectures, list) and architectures else ""
+    if name not in MODELLED or not isinstance(config.get("vision_config"), dict):
+        return None
+    family, modalities = MODELLED[name]
+    vision: Mapping[str, Any] = config["vision_config"]
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    assert isinstance(text, Mapping)
+    if family == "qwen2_5_vl":
+        return VisionTower(
+            family=family,
+            hidden_size=_positive(vision, "hidden_size", 1280),
+            intermediate_size=_positive(vision, "intermediate_size", 3420),
+            layers=_positive(vision, "depth", 32),
+            num_heads=_positive(vision, "num_heads", 16),
+            patch_size=_positive(vision, "patch_size", 14),
+            out_hidden_size=_positive(vision, "out_hidden_size", _positive(text, "hidden_size")),
+            modalities=modalities,
+            temporal_patch_size=_positive(vision, "temporal_patch_size", 2),
+            spatial_merge_size=_positive(vision, "spatial_merge_size", 2),
+        )
+    return VisionTower(
+        family=family,
+        hidden_size=_positive(vision, "hidden_size", 1152),
+        intermediate_size=_positive(vision, "intermediate_size", 4304),
+        layers=_positive(vision, "num_hidden_layers", 27),
+        num_heads=_positive(vision, "num_attention_heads", 16),
+        patch_size=_positive(vision, "patch_size", 14),
+        out_hidden_size=_positive(text, "hidden_size"),
+        modalities=modalities,
+        image_size=_positive(vision, "image_size", 896),
+        tokens_per_image=_positive(config, "mm_tokens_per_image", 256),
+    )
+
+
+def tower_tensors(tower: VisionTower, tp: int, dtype_bytes: int) -> list[int]:
+    """Bytes of each GPU tensor of the tower and projector on one tensor-parallel rank (model dtype)."""
+    if tower.family == "qwen2_5_vl":
+        return _qwen2_5_vl_tensors(tower, tp, dtype_bytes)
+    return _siglip_gemma3_tensors(tower, tp, dtype_bytes)
+
+
+def _qwen2_5_vl_tensors(tower: VisionTower, tp: int, element: int) -> list[int]:
+    hidden, inter = tower.hidden_size, math.ceil(tower.intermediate_size / tp)
+    head_dim = hidden // tower.num_heads
+    heads = math.ceil(tower.num_heads / tp)
+    qkv = 3 * heads * head_dim
+    patch = hidden * 3 * tower.temporal_patch_size * tower.patch_size**2
+    rotary = 8192 * (head_dim // 2)  # get_rope(head_dim, max_position=8192, partial_rotary_factor=0.5)
+    block = [
+        hidden,  # norm1
+        hidden,  # norm2
+        qkv * hidden,
+        qkv,
+        hidden * heads * head_dim,  # proj (row parallel)
+        hidden,  # proj bias
+        2 * inter * hidden,  # gate_up_proj
+        2 * inter,
+        hidden * inter,  # down_proj
+        hidden,
+    ]
+    merged = hidden * tower.spatial_merge_size**2
+    merged_rank = math.ceil(merged / tp)
+    merger = [
+        hidden,
+        merged_rank * merged,
+        merged_rank,
+        tower.out_hidden_size * merged_rank,
+        tower.out_hidden_size,
+    ]
+    numels = [patch, rotary] + block * tower.layers + merger
+    return [numel * element for numel in numels]
+
+
+def _siglip_gemma3_tensors(tower: VisionTower, tp: int, element: int) -> list[int]:
+    hidden, inter = tower.hidden_size, math.ceil(tower.intermediate_size / tp)
+    head_dim = hidden // tower.num_heads
+    heads = math.ceil(tower.num_heads / tp)
+    positions = (tower.image_size // tower.patch_size) ** 2
+    layer = [
+        hidden,  # layer_norm1 weight
+        hidden,  # layer_norm1 bias
+        3 * heads * head_dim * hidden,  # qkv_proj
+        3 * heads * head_dim,
+        hidden * heads * head_dim,  # out_proj
+        hidden,
+        hidden,  # layer_norm2 weight
+        hidden,  # layer_norm2 bias
+        inter * hidden,  # fc1
+        inter,
+        hidden * inter,  # fc2
+        hidden,
+    ]
+    numels = [
+        hidden * 3 * tower.patch_size**2,
+        hidden,
+        positions * hidden,
+    ]  # patch embedding, its bias, positions
+    numels += layer * tower.layers
+    numels += [hidden, hidden]  # post_layernorm
+    numels += [hidden * tower.out_hidden_size, hidden]  # projector and its soft-embedding norm
+    tensors = [numel * element for numel in numels]
+    tensors.append(positions * 8)  # position_ids: an int64 buffer
+    return tensors
+
+
+# Qwen2-VL's image processor default (min_pixels 3136, max_pixels 12845056); --mm-processor-kwargs is not
+# modelled. vllm/model_executor/models/qwen2_vl.py: _MAX_FRAMES_PER_VIDEO.
+QWEN_MAX_PIXELS = 12_845_056
+QWEN_MAX_FRAMES_PER_VIDEO = 14
+DEFAULT_MM_LIMIT = 999  # MultiModalConfig.get_limit_per_prompt for a modality left out
+
+
+@dataclass(frozen=True)
+class EncoderProfile:
+    """What vLLM 0.24's profile run does with the tower (``GPUModelRunner.profile_run``,
+    ``MultiModalBudget``): ``items`` dummy items of ``modality``, each ``tokens_per_item`` tokens."""
+
+    modality: str
+    tokens_per_item: int
+    budget: int  # encoder cache budget, tokens
+    items: int
+    forward_peak_bytes: int  # the encoder's dummy forward (estimate, see encoder_profile)
+    outputs_bytes: int  # encoder outputs kept in the encoder cache while the language model's dummy run runs
+
+
+def _qwen_max_tokens(tower: VisionTower, modality: str, max_model_len: int) -> int:
+    """Qwen2VLProcessingInfo.get_max_image_tokens / get_max_video_tokens for one item."""
+    unit = tower.patch_size * tower.spatial_merge_size
+    image = QWEN_MAX_PIXELS // (unit * unit)
+    if modality == "image":
+        return image
+
+    def video(frames: int) -> int:  # get_num_video_tokens: frames padded to the temporal patch
+        padded = frames + frames % tower.temporal_patch_size
+        return max(padded // tower.temporal_patch_size, 1) * image
+
+    frames = 1
+    while video(frames + 1) <= max_model_len:  # _get_max_video_frames
+        frames += 1
+    return video(min(frames, QWEN_MAX_FRAMES_PER_VIDEO))
+
+
+def encoder_profile(
+    tower: VisionTower,
+    limits: Mapping[str, int] | None,
+    *,
+    max_model_len: int,
+    batching: tuple[int, int],
+    tp: int,
+    dtype_bytes: int,
+) -> EncoderProfile | None:
+    """The encoder part of vLLM 0.24's profile run; None when every modality is limited to 0.
+
+    Which items: the modality with the most tokens per item (``get_modality_with_max_tokens``), the budget
+    ``max(max_num_batched_tokens, its tokens)`` (``compute_mm_encoder_budget``), and as many items as fit it
+    (``MultiModalBudget._get_max_items``, chunked prefill on). The forward peak is an estimate read from the
+    towers' block code, not a measured constant: the dummy pixels (float32 from the processor, and their copy
+    in the model dtype) plus, per patch, the residual stream, the residual and the normed input (3 x hidden)
+    and the MLP's intermediate and activation output (3 x intermediate for Qwen2.5-VL's gated MLP, 2 x for
+    SigLIP's fc1 -> GELU), all in the model dtype."""
+    limits = limits or {}
+    active = [m for m in tower.modalities if limits.get(m, DEFAULT_MM_LIMIT) > 0]
+    if not active:
+        return None
+    tokens_per_item: dict[str, int] = {}
+    for modality in active:
+        if tower.family == "qwen2_5_vl":
+            tokens_per_item[modality] = _qwen_max_tokens(tower, modality, max_model_len)
+        else:
+            tokens_per_item[modality] = tower.tokens_per_image
+    modality, tokens = max(tokens_per_item.items(), key=lambda item: (item[1], item[0]))
+    batched_tokens, max_num_seqs = batching
+    budget = max(batched_tokens, tokens)
+    per_prompt = max(1, min(limits.get(modality, DEFAULT_MM_LIMIT), max_model_len // tokens))
+    items = max(1, min(budget // tokens, max_num_seqs * per_prompt))
+    inter = math.ceil(tower.intermediate_size / tp)
+    if tower.family == "qwen2_5_vl":
+        patches = items * tokens * tower.spatial_merge_size**2
+        pixels = patches * 3 * tower.temporal_patch_size * tower.patch_size**2
+        mlp = 3 * inter  # gate_up output (2 x) and the SiLU-and-mul output
+    else:
+        patches = items * (tower.image_size // tower.patch_size) ** 2
+        pixels = items * 3 * tower.image_size**2
+        mlp = 2 * inter  # fc1 output and the GELU output
+    peak = pixels * (4 + dtype_bytes) + patches * (3 * tower.hidden_size + mlp) * dtype_bytes
+    outputs = items * tokens * tower.out_hidden_size * dtype_bytes
+    return EncoderProfile(modality, tokens, budget, items, peak, outputs)
