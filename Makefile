@@ -9,9 +9,6 @@ LAB_PACKAGES := systemd-container debootstrap git-lfs iptables iproute2 openssh-
 PYTEST_ARGS ?=
 # Both cores: every test file goes whole to one of two workers, longest first (tests/conftest.py says why).
 PARALLEL := -n 2 --dist loadfile --no-loadscope-reorder
-# make test: three workers on the two cores, the end-to-end file first in priority (tests/integration/
-# conftest.py, CRITICAL_PATH): with two, the lab tests left the CPU idle 15-19 % of the run, waiting.
-TEST_PARALLEL := -n 3 --dist loadfile --no-loadscope-reorder
 # Let Python keep the bytecode of the checkout's modules (src/, plugins/: gitignored __pycache__): with
 # PYTHONDONTWRITEBYTECODE set (this machine sets it), every Ansible worker compiled gpufleet's sources again.
 unexport PYTHONDONTWRITEBYTECODE
@@ -24,10 +21,10 @@ demo: lab-prereqs $(STAMP)  ## validate and plan inventories/prod; then the air-
 	$(BIN)/python -m gpufleet.lab.demo  # lab bundle, 3 offline lab hosts (lab "demo", left up), every stage, a chat
 
 test: lab-prereqs $(STAMP)  ## what CI runs: the pytest suite less the `heavy` tests, linters included (tests/test_lint.py)
-	$(BIN)/pytest $(TEST_PARALLEL) --durations=40 -m "not heavy" $(PYTEST_ARGS)
+	$(BIN)/pytest $(PARALLEL) --durations=40 -m "not heavy" $(PYTEST_ARGS)
 
 test-all: lab-prereqs $(STAMP)  ## everything, the heavy tests too (CUDA packages, serving scenarios)
-	$(BIN)/pytest $(TEST_PARALLEL) --durations=40 $(PYTEST_ARGS)
+	$(BIN)/pytest $(PARALLEL) --durations=40 $(PYTEST_ARGS)
 
 check: $(STAMP)  ## the inner loop (about 2.5 min): the linters and the unit tests, on both cores
 	$(BIN)/pytest -q $(PARALLEL) tests/test_lint.py tests/unit $(PYTEST_ARGS)

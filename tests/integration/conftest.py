@@ -164,25 +164,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(item.nodeid.partition("::")[0], len(rank)))
 
 
-# The critical path: with three workers on two cores (make test), the end-to-end file is the longest chain of
-# waits on one lab, and every other file fits beside it only if it does not slow it down. So its tests run at
-# the normal priority and its lab's hosts at CRITICAL_CPU_WEIGHT (test_e2e.py's deployment fixture), and
-# every other integration test at BACKGROUND_NICE: the other workers take the CPU it leaves, and the time
-# it spends waiting. Without priorities the third worker made the run slower (pytest 1,629 s against
-# 1,476-1,539 s on two workers: the first deploy took 677 s instead of ~450 s).
-CRITICAL_PATH = SLOWEST_FIRST[0]
-CRITICAL_CPU_WEIGHT = 400
-BACKGROUND_NICE = 10
-
-
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Set this worker's priority for the test (and what it starts): see CRITICAL_PATH."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return  # a run on one process waits for each test anyway
-    critical = item.nodeid.partition("::")[0] == CRITICAL_PATH
-    os.setpriority(os.PRIO_PROCESS, 0, 0 if critical else BACKGROUND_NICE)
-
-
 @pytest.fixture(scope="session")
 def lab() -> Iterator[RunningLab]:
     """One offline lab of three hosts for the session; torn down at the end, whatever the tests did."""

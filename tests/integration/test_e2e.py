@@ -36,19 +36,10 @@ from typing import Any
 import pytest
 import yaml
 from cancel_support import CANCEL_SECONDS, Canceled, cancel_mid_artifacts, cgroups_available, images_on
-from conftest import (
-    CRITICAL_CPU_WEIGHT,
-    REPO,
-    VENV_BIN,
-    RunningLab,
-    ansible_env,
-    installed_env,
-    run_installed,
-)
+from conftest import REPO, VENV_BIN, RunningLab, ansible_env, installed_env, run_installed
 from tests.monitoring_assets import ALERT_NAMES, dashboards, metric_names, panel_queries, render_rules
 
 from gpufleet.lab.demo import api_key_file, chat, lab_plan, route_to_bridge
-from gpufleet.lab.host import DEFAULT_CPU_WEIGHT
 from gpufleet.lab.net import outbound_drops
 from gpufleet.lab.upgrade import BROKEN_MESSAGE, BROKEN_SUFFIX, UPGRADE_SUFFIX, image_id, make_images
 from gpufleet.runner import STAGES, DeployReport, deploy, status, teardown
@@ -100,7 +91,6 @@ def deployment(
     lab: RunningLab, lab_bundle: Path, installed_gpufleet: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Deployment]:
     inventory = lab.lab.reset().inventory
-    lab.lab.set_cpu_weight(CRITICAL_CPU_WEIGHT)  # the suite's critical path (conftest.py)
     route_to_bridge(lab.lab, lab.inventory)
     before = outbound_drops(lab.inventory.name)
     elsewhere = tmp_path_factory.mktemp("elsewhere")  # not the checkout: nothing found relative to it
@@ -119,7 +109,6 @@ def deployment(
         yield Deployment(inventory, lab_bundle, first, second, dropped, canceled)
     finally:  # the next module needs the hosts, not the deleted layers of this one's images (issue 33)
         lab.lab.reset(wait=False)
-        lab.lab.set_cpu_weight(DEFAULT_CPU_WEIGHT)
 
 
 def failures(report: DeployReport) -> str:

@@ -133,19 +133,6 @@ class Lab:
             self.wait_for_cleanup()
         return _inventory(state)
 
-    def set_cpu_weight(self, weight: int) -> None:
-        """How much of a busy machine's CPU the lab's hosts get against other labs and the machine's own
-        processes: cgroup v2's ``cpu.weight`` scale (100 as every lab starts; 1-10000). Hosts started
-        later in this lab (a reset) keep it; :meth:`down` drops it with the lab."""
-        if not 1 <= weight <= 10000:
-            raise LabError(
-                f"lab {self.name}: cpu weight: found {weight}; expected 1-10000. Fix: pass 100 (the default)."
-            )
-        with self._lock():
-            if lab_state.load(self.name) is None:
-                raise LabError(f"lab {self.name}: not running. Fix: gpufleet lab up --name {self.name}")
-            lab_host.set_cpu_weight(self.name, weight)
-
     def wait_for_cleanup(self) -> None:
         """Wait until the upper dirs that this process's resets left to delete are gone."""
         for cleaner in _CLEANERS.pop(self.name, []):

@@ -99,37 +99,6 @@ def remove_shared_cgroup_levels(spec: HostSpec) -> None:
                     level.rmdir()
 
 
-DEFAULT_CPU_WEIGHT = 100  # cgroup v2's default cpu.weight; v1's cpu.shares 1024
-
-
-def set_cpu_weight(lab: str, weight: int) -> int:
-    """The lab's hosts' share of a busy CPU: ``weight`` as cgroup v2's ``cpu.weight`` (1-10000, 100 the
-    default), v1's ``cpu.shares`` (``weight`` x 1024 / 100), on the lab's level of the cpu hierarchy.
-
-    The ``gpufleet-lab`` level above it gets the largest weight of its labs: every lab's hosts together
-    compete there with each process of the machine's own cgroup (one nice-0 process each, at 100), so a lab's
-    weight would count only against the other labs without it. Returns the levels written (0: no cpu
-    controller, or the lab has no host up).
-    """
-    written = 0
-    with file_lock(state_root() / ".cgroup.lock"):
-        for directory in cgroup_dirs(lab, "-"):
-            level = Path(directory).parent
-            name = "cpu.shares" if (level / "cpu.shares").exists() else "cpu.weight"
-            if not (level / name).exists():
-                continue
-            (level / name).write_text(str(_cgroup_cpu_value(name, weight)))
-            siblings = [child / name for child in level.parent.iterdir() if (child / name).exists()]
-            top = max([_cgroup_cpu_value(name, DEFAULT_CPU_WEIGHT)] + [int(f.read_text()) for f in siblings])
-            (level.parent / name).write_text(str(top))
-            written += 2
-    return written
-
-
-def _cgroup_cpu_value(name: str, weight: int) -> int:
-    return weight * 1024 // 100 if name == "cpu.shares" else weight
-
-
 CPUSET_FILES = ("cpuset.cpus", "cpuset.mems")
 
 
