@@ -1,5 +1,7 @@
-"""What every Molecule scenario of the suite must do (test_molecule.py and test_molecule_driver_artifacts.py:
-two files so that two workers run them side by side; each file goes whole to one worker)."""
+"""What every Molecule scenario of the suite must do (test_molecule.py, test_molecule_driver_artifacts.py).
+
+Two files because each file goes whole to one worker: smaller files let the two workers end closer together.
+"""
 
 from __future__ import annotations
 

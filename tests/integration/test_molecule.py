@@ -1,8 +1,7 @@
 """Every role's Molecule scenario passes on the lab: (prepare,) check, converge, idempotence (changed=0),
 testinfra verify, destroy — and leaves no lab behind. This file: the node's container stack; the driver
-and the artifact roles are in test_molecule_driver_artifacts.py (two files, so that two workers run them
-side by side). The serving scenarios, which need the CPU serving image built first, run from
-test_serving.py with the same helper."""
+and the artifact roles are in test_molecule_driver_artifacts.py (molecule_support.py says why two files).
+The serving scenarios, which need the CPU serving image built first, run from test_serving.py."""
 
 from __future__ import annotations
 
