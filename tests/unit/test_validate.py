@@ -231,6 +231,17 @@ def test_plan_request_for_inventory_uses_the_smallest_gpu() -> None:
     assert request.tensor_parallel_size == 2
 
 
+def test_the_inventorys_multimodal_limits_reach_the_planner(make_inventory: InventoryFactory) -> None:
+    """vllm_service_limit_mm_per_prompt as vLLM takes it (a count, or {count: N} per modality): the plan of
+    the inventory counts the vision tower as the CLI's --limit-mm-per-prompt does (issue 38)."""
+    limits = {"vllm_service_limit_mm_per_prompt": {"image": 0, "video": {"count": 0}}}
+    request = plan_request_for_inventory(make_inventory(group_vars=limits))
+    assert request.limit_mm_per_prompt == {"image": 0, "video": 0}
+
+    line = only_problem(make_inventory(group_vars={"vllm_service_limit_mm_per_prompt": {"image": -1}}))
+    assert "vllm_service_limit_mm_per_prompt" in line and "found -1" in line, line
+
+
 def test_load_fleet_raises_with_every_problem(make_inventory: InventoryFactory) -> None:
     path = make_inventory(group_vars={"vllm_service_port": 0, "vllm_service_block_size": 3})
     with pytest.raises(InventoryError) as raised:

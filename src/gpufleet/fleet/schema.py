@@ -19,6 +19,7 @@ from pydantic import (
     ConfigDict,
     Field,
     IPvAnyAddress,
+    NonNegativeInt,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -133,8 +134,18 @@ class ServingSpec(_Frozen):
     kv_cache_memory_gib: float | None = Field(default=None, gt=0)
     enforce_eager: bool = False
     enable_expert_parallel: bool = False  # --enable-expert-parallel: MoE experts spread whole over the ranks
+    # --limit-mm-per-prompt: items per prompt by modality; every modality at 0 = no vision tower (planner)
+    limit_mm_per_prompt: dict[str, NonNegativeInt] | None = None
     served_model_name: str | None = Field(default=None, min_length=1)
     port: int = Field(default=8000, ge=1, le=65535)
+
+    @field_validator("limit_mm_per_prompt", mode="before")
+    @classmethod
+    def _mm_counts(cls, value: object) -> object:
+        """vLLM takes items per modality or ``{count: N, ...}`` per modality; the planner needs the count."""
+        if isinstance(value, dict):
+            return {key: item.get("count") if isinstance(item, dict) else item for key, item in value.items()}
+        return value
 
     @property
     def world_size(self) -> int:
