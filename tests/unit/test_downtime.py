@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.fleet.inventory import read_inventory
-from gpufleet.runner.downtime import DowntimeMeter, endpoint, measure
+from gpufleet.fleet import load
+from gpufleet.runner.downtime import DowntimeMeter, measure
 
 
 def test_an_outage_runs_from_the_first_failed_probe_to_the_next_answer() -> None:
@@ -62,7 +62,7 @@ def test_the_endpoint_is_the_heads_cluster_address_and_the_key_beside_the_invent
     hosts = inventory(tmp_path, "")
 
     want = ("http://10.0.0.11:8000/v1", tmp_path / "gpufleet.apikey")
-    assert endpoint(read_inventory(hosts), hosts) == want
+    assert load(hosts, validate=False).endpoint == want
 
 
 def test_the_endpoint_follows_the_inventorys_port_bind_address_and_key_file(tmp_path: Path) -> None:
@@ -70,7 +70,7 @@ def test_the_endpoint_follows_the_inventorys_port_bind_address_and_key_file(tmp_
         tmp_path, ", vllm_service_port: 9000, vllm_service_host: 10.9.9.9, gpufleet_api_key_file: /keys/k"
     )
 
-    assert endpoint(read_inventory(hosts), hosts) == ("http://10.9.9.9:9000/v1", Path("/keys/k"))
+    assert load(hosts, validate=False).endpoint == ("http://10.9.9.9:9000/v1", Path("/keys/k"))
 
 
 def test_a_prefill_decode_fleets_endpoint_is_the_proxy_on_the_head(tmp_path: Path) -> None:
@@ -87,7 +87,7 @@ def test_a_prefill_decode_fleets_endpoint_is_the_proxy_on_the_head(tmp_path: Pat
     )
 
     want = ("http://10.0.0.11:8100/v1", tmp_path / "gpufleet.apikey")
-    assert endpoint(read_inventory(hosts), hosts) == want
+    assert load(hosts, validate=False).endpoint == want
 
 
 class _Flaky(http.server.BaseHTTPRequestHandler):

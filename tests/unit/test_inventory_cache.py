@@ -156,3 +156,25 @@ def test_the_secrets_written_beside_an_inventory_are_no_hosts(
 
     assert read.stdout.split() == ["gpu-head-01", "gpu-worker-01"], read.stderr
     assert "K" * 64 not in listed.stdout and "P" * 32 not in listed.stdout
+
+
+def test_each_file_is_read_once_for_the_key_and_the_duplicate_check(
+    prod: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One scan of the inventory's files feeds the cache key and the duplicate-key check (issue 34: each
+    file was read twice before Ansible read it)."""
+    reads: list[Path] = []
+    read_bytes = Path.read_bytes
+
+    def counted(path: Path) -> bytes:
+        if path.is_relative_to(prod):
+            reads.append(path)
+        return read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", counted)
+    monkeypatch.setattr(inventory, "_load_with_ansible", lambda path: ([], []))  # Ansible reads on its own
+
+    read_inventory(prod)
+
+    files = sorted(path for path in prod.rglob("*") if path.is_file())
+    assert files and sorted(reads) == files

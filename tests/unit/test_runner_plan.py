@@ -3,6 +3,7 @@ Ansible's own booleans, and what the playbooks publish is read into one typed mo
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -10,10 +11,14 @@ import pytest
 import yaml
 from ansible.plugins.filter.core import to_bool
 
-from gpufleet.runner import api, plan
+from gpufleet.cli import main
+from gpufleet.fleet import loaded
+from gpufleet.runner import api
 from gpufleet.runner.facts import PublishedFacts, as_bool
 from gpufleet.runner.plan import RunPlan, Step, deploy_plan
 from gpufleet.runner.report import StageResult
+
+from .conftest import InventoryFactory
 
 
 @pytest.fixture
@@ -28,25 +33,74 @@ def inventory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
-def test_a_deploy_reads_its_inventory_once(inventory: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    reads: list[Path] = []
-    real = plan.read_inventory
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Path]]:
+    """Every reading of an inventory (through Ansible or the cache) and every validation, in a run whose
+    stages only report ok and whose head marker is left out."""
+    seen: dict[str, list[Path]] = {"read": [], "validated": []}
+    read, validate = loaded.read_inventory, loaded.validate_raw
 
-    def counted(path: Path) -> Any:
-        reads.append(path)
-        return real(path)
+    def reading(path: Path) -> Any:
+        seen["read"].append(path)
+        return read(path)
+
+    def validating(raw: Any) -> Any:
+        seen["validated"].append(raw.path)
+        return validate(raw)
 
     def stages(specs: Any, *_: Any) -> tuple[list[StageResult], dict[str, Any]]:
-        return [StageResult(name=spec.stage, status="ok", seconds=0.1) for spec in specs], {}
+        measured = {"gpufleet_vllm_facts": ("head", {"weights_gib": 1.0, "kv_cache_tokens": 1000})}
+        return [StageResult(name=spec.stage, status="ok", seconds=0.1) for spec in specs], measured
 
-    monkeypatch.setattr(plan, "read_inventory", counted)
+    monkeypatch.setattr(loaded, "read_inventory", reading)
+    monkeypatch.setattr(loaded, "validate_raw", validating)
     monkeypatch.setattr(api, "run_stages", stages)
     monkeypatch.setattr(api, "head_marker", lambda *_: None)
+    return seen
 
+
+@pytest.fixture
+def fleet_inventory(
+    make_inventory: InventoryFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    """A valid two-node fleet whose endpoint is a closed port here (the head's address is loopback)."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+
+    def loopback(hosts: dict[str, Any]) -> None:
+        hosts["gpu_nodes"]["children"]["ray_head"]["hosts"]["head"]["gpufleet_node_ip"] = "127.0.0.1"
+
+    return make_inventory(loopback, group_vars={"vllm_service_port": 9})
+
+
+def test_a_deploy_reads_its_inventory_once(inventory: Path, counted: dict[str, list[Path]]) -> None:
     report = api.deploy(inventory, stages=["serve"], validate_inventory=False)
 
     assert report.ok and report.downtime is not None  # the stages chosen and the endpoint measured
-    assert reads == [inventory.resolve()]
+    assert counted == {"read": [inventory], "validated": []}
+
+
+def test_a_deploy_reads_and_validates_its_inventory_once(
+    fleet_inventory: Path, counted: dict[str, list[Path]]
+) -> None:
+    """Stages, checks and endpoint from one reading and one validation (they were three readings)."""
+    report = api.deploy(fleet_inventory, stages=["serve"], validate_inventory=True)
+
+    assert report.ok and report.downtime is not None
+    assert counted == {"read": [fleet_inventory], "validated": [fleet_inventory]}
+
+
+def test_gpufleet_deploy_reads_and_validates_its_inventory_once(
+    fleet_inventory: Path, counted: dict[str, list[Path]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The command's deploy, its comparison with the plan, and the run share one Fleet."""
+    path = fleet_inventory
+
+    code = main(["deploy", "-i", str(path), "--stages", "serve", "--json"])
+
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["vllm"] is not None, report  # vLLM's facts: compared with the plan
+    assert any(warning.startswith("vLLM start-up log:") for warning in report["warnings"]), report
+    assert counted == {"read": [path], "validated": [path]}
 
 
 def test_a_plan_gives_every_stage_the_runs_variables_and_limit(inventory: Path) -> None:

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from rich.console import Console
 
+from gpufleet.fleet import Fleet, load
 from gpufleet.problems import InventoryError
 from gpufleet.runner import STAGES, DeployError, DeployReport, ProgressSink, StatusReport, deploy
 from gpufleet.runner.progress import LiveProgress, print_deploy_report
@@ -79,17 +80,19 @@ def extra_var(text: str) -> tuple[str, str]:
     return name, value
 
 
-def readable(inventory: Path) -> None:
-    """Raise InventoryError when the inventory cannot be read as one (binary, not UTF-8, no hosts file,
-    vars that are not mappings, no host in gpu_nodes): Ansible would otherwise run on an empty inventory,
-    match no host and report success. Unlike deploy's validation, a fleet that would not plan still passes:
-    teardown and status must work on it."""
+def readable(inventory: Path) -> Fleet | None:
+    """The fleet, read (not validated); InventoryError when the inventory cannot be read as one (binary, not
+    UTF-8, no hosts file, vars that are not mappings, no host in gpu_nodes): Ansible would otherwise run on an
+    empty inventory, match no host and report success. Unlike deploy's validation, a fleet that would not plan
+    still passes: teardown and status must work on it. None for a missing inventory (the runner names it)."""
     if not inventory.exists():
-        return  # the runner names a missing inventory (exit 2)
-    from gpufleet.fleet.inventory import read_inventory  # noqa: PLC0415  (imports ansible)
+        return None  # the runner names a missing inventory (exit 2)
     from gpufleet.problems import Problem  # noqa: PLC0415
 
-    raw = read_inventory(inventory)
+    fleet = load(inventory, validate=False)
+    if fleet.raw is None:
+        raise InventoryError(list(fleet.problems))
+    raw = fleet.raw
     unreadable = [problem for problem in raw.problems if problem.variable == "-i"]
     if not raw.members("gpu_nodes"):
         unreadable.append(
@@ -103,6 +106,7 @@ def readable(inventory: Path) -> None:
         )
     if unreadable:
         raise InventoryError(unreadable)
+    return fleet
 
 
 def check_bundle(bundle: Path | None, signers: Path | None = None) -> None:
@@ -148,8 +152,9 @@ def run(args: argparse.Namespace) -> int:
 
     def call(progress: ProgressSink | None) -> DeployReport:
         check_bundle(args.bundle, args.bundle_signer)
+        fleet = load(args.inventory)  # once: deploy's stages, checks and endpoint, and the plan below
         report = deploy(
-            args.inventory,
+            fleet,
             bundle=args.bundle,
             stages=stages,
             extra_vars=signer_variables(args),
@@ -159,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
             rollback=args.rollback,
         )
         # Planned only now, and only when vLLM reported facts to compare with.
-        plan = planned(args.inventory) if report.vllm is not None else None
+        plan = planned(fleet) if report.vllm is not None else None
         return report.compared_with(plan) if plan is not None else report
 
     return run_reporting(call, print_deploy_report, as_json=args.json)
@@ -196,13 +201,13 @@ def exit_code(report: DeployReport | StatusReport) -> int:
     return 130 if any(stage.status == "canceled" for stage in stages) else 1
 
 
-def planned(inventory: Path) -> PlanFigures | None:
-    """The planner's prediction for the inventory, to compare with what vLLM measured; None if unplannable."""
+def planned(inventory: Path | Fleet) -> PlanFigures | None:
+    """The planner's prediction for the fleet, to compare with what vLLM measured; None if unplannable."""
     try:
-        from gpufleet.fleet import plan_request_for_inventory  # noqa: PLC0415  (imports ansible)
         from gpufleet.planner import plan  # noqa: PLC0415
 
-        return plan(plan_request_for_inventory(inventory))
+        fleet = load(inventory) if isinstance(inventory, Path) else inventory
+        return plan(fleet.plan_request())
     except (ImportError, InventoryError, ValueError):
         return None
 

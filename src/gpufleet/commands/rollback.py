@@ -36,7 +36,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     def call(progress: ProgressSink | None) -> DeployReport:
-        readable(args.inventory)
-        return rollback(args.inventory, to=args.to, progress=progress)
+        fleet = readable(args.inventory)  # read once: the check here and the endpoint rollback() measures
+        return rollback(fleet or args.inventory, to=args.to, progress=progress)
 
     return run_reporting(call, print_deploy_report, as_json=args.json)

@@ -74,10 +74,11 @@ def read_inventory(path: Path) -> RawInventory:
                 )
             ]
         )
-    key = _cache_key(path)
+    files = _scan(path)  # one reading of every file: the cache key and the duplicate-key check share it
+    key = _cache_key(path, files)
     if key is not None and (cached := _cache_read(key, path)) is not None:
         return cached
-    duplicates = list(_duplicate_keys(path))
+    duplicates = list(_duplicate_keys(path, files))
     if unreadable := [problem for problem in duplicates if problem.variable == "-i"]:
         raise InventoryError(unreadable)  # Ansible would stop on them with a traceback
     if path.is_dir() and not any(_is_hosts_source(child) for child in path.iterdir()):
@@ -117,7 +118,20 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpufleet"
 
 
-def _cache_key(path: Path) -> str | None:
+def _scan(path: Path) -> dict[Path, bytes]:
+    """Every file Ansible reads for ``path`` (a directory's tree; beside a hosts file, its group_vars and
+    host_vars), with its bytes, each read once (b"" for one that cannot be read)."""
+    roots = [path] if path.is_dir() else [path, path.parent / "group_vars", path.parent / "host_vars"]
+    files: dict[Path, bytes] = {}
+    for file in (file for root in roots if root.exists() for file in _read_by_ansible(root)):
+        try:
+            files[file] = file.read_bytes()
+        except OSError:
+            files[file] = b""
+    return files
+
+
+def _cache_key(path: Path, files: Mapping[Path, bytes] | None = None) -> str | None:
     """sha256 of everything Ansible's reading of ``path`` depends on; None when it is not only files.
 
     Reading an inventory through ansible-core costs about 0.5 s of CPU, mostly its import; validate, plan
@@ -135,20 +149,19 @@ def _cache_key(path: Path) -> str | None:
     for name, value in sorted(os.environ.items()):
         if name.startswith("ANSIBLE_"):
             digest.update(f"env {name}={value}\0".encode())
-    roots = [path] if path.is_dir() else [path, path.parent / "group_vars", path.parent / "host_vars"]
-    files = [file for root in roots if root.exists() for file in _read_by_ansible(root)]
+    for file, data in (_scan(path) if files is None else files).items():
+        if os.access(file, os.X_OK) or any(mark in data for mark in UNCACHEABLE):
+            return None
+        digest.update(f"file {file} {len(data)}\0".encode() + data)
     configs = [Path(os.environ.get("ANSIBLE_CONFIG", "ansible.cfg"))] + [
         Path(name).expanduser() for name in ANSIBLE_CONFIGS
     ]
-    for file in files + configs:
+    for config in configs:
         try:
-            data = file.read_bytes()
-            executable = file in files and os.access(file, os.X_OK)
+            data = config.read_bytes()
         except OSError:
-            data, executable = b"", False
-        if executable or (file in files and any(mark in data for mark in UNCACHEABLE)):
-            return None
-        digest.update(f"file {file} {len(data)}\0".encode() + data)
+            data = b""
+        digest.update(f"file {config} {len(data)}\0".encode() + data)
     return digest.hexdigest()
 
 
@@ -391,9 +404,8 @@ def _inventory_files(path: Path) -> Iterator[Path]:
             yield candidate
 
 
-def _decode(file: Path) -> tuple[str | None, Problem | None]:
-    """The file's text, read once; or the problem Ansible would choke on (not UTF-8, binary content)."""
-    data = file.read_bytes()
+def _decode(file: Path, data: bytes) -> tuple[str | None, Problem | None]:
+    """The file's text; or the problem Ansible would choke on (not UTF-8, binary content)."""
     fix = "save it as UTF-8 text, or move non-inventory files out of the inventory directory"
     try:
         text = data.decode("utf-8")
@@ -443,12 +455,14 @@ def _read_by_ansible(path: Path) -> Iterator[Path]:
             yield candidate
 
 
-def _duplicate_keys(path: Path) -> Iterator[Problem]:
+def _duplicate_keys(path: Path, files: Mapping[Path, bytes] | None = None) -> Iterator[Problem]:
     """Unreadable files (as -i problems), YAML files that are not mappings (-i too: Ansible stops on them
-    with "failed to combine variables", naming no file), and keys defined twice. Each file is read once."""
+    with "failed to combine variables", naming no file), and keys defined twice; from ``files``
+    (:func:`_scan`, read here when not given), which holds every file under ``path``."""
+    files = _scan(path) if files is None else files
     texts: dict[Path, str] = {}
     for file in _read_by_ansible(path):
-        text, problem = _decode(file)
+        text, problem = _decode(file, files.get(file, b""))
         if problem is not None:
             yield problem
         elif text is not None:

@@ -84,6 +84,11 @@ def validate_inventory(path: Path) -> Validation:
         raw = read_inventory(path)
     except InventoryError as error:
         return Validation(problems=list(error.problems))
+    return validate(raw)
+
+
+def validate(raw: RawInventory) -> Validation:
+    """Every problem of an inventory as Ansible read it (:func:`gpufleet.fleet.load` reads it once)."""
     result = Validation(problems=list(raw.problems))
     nodes = _gpu_nodes(raw, result)
     try:
@@ -515,20 +520,3 @@ def _check_plan(fleet: FleetSpec, result: Validation) -> None:
             )
         )
     result.warnings += outcome.warnings
-
-
-def load_fleet(path: Path) -> FleetSpec:
-    """Read and validate an inventory; raises InventoryError listing every problem."""
-    result = validate_inventory(path)
-    if result.problems or result.fleet is None:
-        raise InventoryError(result.problems)
-    return result.fleet
-
-
-def plan_request_for_inventory(path: Path) -> PlanRequest:
-    """The planner's input for an inventory's fleet and model; raises InventoryError."""
-    fleet = load_fleet(path)
-    request, problems = plan_request(fleet)
-    if request is None:
-        raise InventoryError(problems)
-    return request

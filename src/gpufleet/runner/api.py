@@ -18,16 +18,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
+from gpufleet.fleet.loaded import Endpoint, Fleet, load
 from gpufleet.runner.adhoc import acquire, clean_hosts, head_marker
 from gpufleet.runner.arguments import RunSpec, run_stages
-from gpufleet.runner.downtime import DowntimeMeter, endpoint
+from gpufleet.runner.downtime import DowntimeMeter
 from gpufleet.runner.events import ProgressSink
 from gpufleet.runner.facts import PublishedFacts
 from gpufleet.runner.fleet_lock import FleetBusyError, fleet_lock
 from gpufleet.runner.head_marker import HeadMarker
 from gpufleet.runner.options import DeployError, RunOptions, checked_inventory
 from gpufleet.runner.owned import OwnedProcesses
-from gpufleet.runner.plan import ROLLBACK_AFTER, Step, deploy_plan, read_raw, spec
+from gpufleet.runner.plan import ROLLBACK_AFTER, Step, deploy_plan, spec
 from gpufleet.runner.report import DeployReport, RollbackReport, StageResult, StatusReport
 from gpufleet.runner.service_load import PROMQL
 from gpufleet.vllm_log import PlanFigures
@@ -36,7 +37,7 @@ __all__ = ["deploy", "rollback", "status", "teardown"]
 
 
 def deploy(
-    inventory: Path,
+    inventory: Path | Fleet,
     *,
     bundle: Path | None = None,
     stages: Sequence[str] | None = None,
@@ -58,25 +59,26 @@ def deploy(
     when a stage of :data:`ROLLBACK_AFTER` fails and ``rollback`` is true, every node's last healthy revision
     is restored and has to pass the gate again (``report.rollback``); the report stays not ok.
 
+    ``inventory`` is the inventory's path, or the :class:`~gpufleet.fleet.Fleet` that
+    :func:`gpufleet.fleet.load` read from it (the CLI reads it once for its plan and for the run).
+
     Raises DeployError for arguments that cannot work and gpufleet.problems.InventoryError (one line per
     problem) when ``validate_inventory`` finds the inventory invalid; nothing has run on a host then.
     """
-    path = checked_inventory(inventory)
-    # One reading for the stages and the endpoint (validation below still reads the inventory itself:
-    # gpufleet.fleet.load_fleet takes a path).
-    raw = read_raw(path)
-    steps = deploy_plan(raw, stages=stages, extra_vars=extra_vars, bundle=bundle, limit=limit)
+    # One reading and one validation of the inventory for the whole run: the stages, the checks, the endpoint.
+    fleet = _fleet(inventory, validate=validate_inventory)
+    steps = deploy_plan(fleet.raw, stages=stages, extra_vars=extra_vars, bundle=bundle, limit=limit)
     options = RunOptions.checked(
-        path, project_dir=project_dir, check=check, timeout=timeout, env_passthrough=env_passthrough
+        fleet.path, project_dir=project_dir, check=check, timeout=timeout, env_passthrough=env_passthrough
     )
     specs = steps.specs(options)
     if validate_inventory:
-        _validate(inventory)
+        fleet.require()  # the same checks as `gpufleet validate`: InventoryError before any host is touched
     started = time.monotonic()
     gated = not check and any(stage in ROLLBACK_AFTER for stage in steps.stages)
     action = "check" if check else "deploy"
     restored: RollbackReport | None = None
-    with _one_run(inventory, action), _downtime_meter(endpoint(raw, path) if gated else None) as meter:
+    with _one_run(fleet.path, action), _downtime_meter(fleet.endpoint if gated else None) as meter:
         marker = head_marker(specs, action)
         warnings = acquire(marker)
         results, facts = _run(specs, progress, cancel, marker)
@@ -102,7 +104,7 @@ def deploy(
 
 
 def rollback(
-    inventory: Path,
+    inventory: Path | Fleet,
     *,
     to: Literal["current", "previous"] = "previous",
     progress: ProgressSink | None = None,
@@ -112,11 +114,11 @@ def rollback(
 ) -> DeployReport:
     """Restore every node's ``previous`` revision (or ``current``: the last healthy one, after a change that
     failed outside deploy()), restart what changed and pass the health gate again (playbooks/rollback.yml)."""
-    options = RunOptions.checked(inventory, project_dir=project_dir, timeout=timeout)
+    fleet = _fleet(inventory, validate=False)
+    options = RunOptions.checked(fleet.path, project_dir=project_dir, timeout=timeout)
     first = spec(Step("rollback"), options)
     started = time.monotonic()
-    target = endpoint(read_raw(options.inventory), options.inventory)
-    with _one_run(inventory, "rollback"), _downtime_meter(target) as meter:
+    with _one_run(fleet.path, "rollback"), _downtime_meter(fleet.endpoint) as meter:
         marker = head_marker([first], "rollback")
         warnings = acquire(marker)
         restored = _rollback(options, to, progress, cancel, marker, required=True, acquired=True)
@@ -264,7 +266,7 @@ def _run(
 
 
 @contextlib.contextmanager
-def _downtime_meter(target: tuple[str, Path] | None) -> Iterator[DowntimeMeter | None]:
+def _downtime_meter(target: Endpoint | None) -> Iterator[DowntimeMeter | None]:
     """Polls the service's endpoint (URL, API key file) while the block runs; None: not measured."""
     if target is None:
         yield None
@@ -283,10 +285,10 @@ def _one_run(inventory: Path, action: str) -> Iterator[None]:
         raise DeployError(str(busy)) from None
 
 
-def _validate(inventory: Path) -> None:
-    """The same checks as ``gpufleet validate``; raises InventoryError."""
-    try:
-        from gpufleet.fleet import load_fleet  # noqa: PLC0415  (imports ansible: only when deploying)
-    except ImportError:  # the inventory module is optional in a partial install; preflight checks again
-        return
-    load_fleet(inventory)
+def _fleet(inventory: Path | Fleet, *, validate: bool) -> Fleet:
+    """The run's fleet: the one passed in (checked now if it was loaded unchecked), or read from the path."""
+    if isinstance(inventory, Fleet):
+        checked_inventory(inventory.path)
+        return inventory.validate() if validate else inventory
+    checked_inventory(inventory)
+    return load(inventory, validate=validate)

@@ -3,6 +3,7 @@
 A probe is ``GET /v1/models`` with the API key (what a client needs: the server up and the key accepted),
 every ``interval`` seconds with a ``timeout``. An outage starts at the first failed probe after a good one and
 ends at the next good one (or at the last probe, when none came). The figure is as fine as the interval.
+Where the service answers is the fleet's: :attr:`gpufleet.fleet.Fleet.endpoint`.
 """
 
 from __future__ import annotations
@@ -13,10 +14,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from gpufleet.fleet.disagg import PROXY_PORT, has_pools
-from gpufleet.fleet.inventory import RawInventory
 from gpufleet.runner.report import Downtime
 
 INTERVAL = 1.0
@@ -47,29 +45,6 @@ def measure(probes: Sequence[tuple[float, bool]], interval: float = INTERVAL) ->
         probes=len(probes),
         interval=interval,
     )
-
-
-def endpoint(raw: RawInventory | None, inventory: Path) -> tuple[str, Path] | None:
-    """The service's /v1 URL and the API key file, as the inventory sets them (None: not knowable here)."""
-    if raw is None:
-        return None
-    heads = raw.members("ray_head")
-    if not heads:
-        return None
-    variables: dict[str, Any] = dict(heads[0].variables)
-    if has_pools(raw):  # prefill/decode: the proxy on the head serves (roles/vllm_pd's proxy URL)
-        host, port = str(variables.get("gpufleet_node_ip", "")), str(variables.get(PROXY_PORT, 8000))
-    else:
-        host = str(variables.get("vllm_service_host", "0.0.0.0"))  # vLLM binds all addresses by default
-        if host in ("0.0.0.0", "::"):
-            host = str(variables.get("gpufleet_node_ip", ""))
-        port = str(variables.get("vllm_service_port", 8000))
-    if not host or "{{" in host:
-        return None
-    folder = inventory if inventory.is_dir() else inventory.parent
-    key = variables.get("gpufleet_api_key_file") or variables.get("vllm_service_api_key_file")
-    key_file = Path(str(key)) if key and "{{" not in str(key) else folder / "gpufleet.apikey"
-    return f"http://{host}:{port}/v1", key_file
 
 
 class DowntimeMeter:

@@ -1,7 +1,8 @@
 """What a run does, in order: a :class:`RunPlan` of :class:`Step` (playbook, extra variables, limit).
 
 A deploy's plan is its stages (:data:`STAGES` order), chosen by :func:`deploy_plan` from what was asked and
-from the inventory as :func:`read_raw` read it; status, teardown and rollback each run one :class:`Step`.
+from the fleet as :func:`gpufleet.fleet.load` read it (once per run); status, teardown and rollback each run
+one :class:`Step`.
 With the run's :class:`~gpufleet.runner.options.RunOptions` a plan becomes the checked playbook runs
 (:class:`~gpufleet.runner.arguments.RunSpec`) that :func:`gpufleet.runner.arguments.run_stages` runs.
 """
@@ -14,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.fleet.disagg import has_pools
-from gpufleet.fleet.inventory import RawInventory, read_inventory
-from gpufleet.problems import InventoryError
+from gpufleet.fleet.inventory import RawInventory
+from gpufleet.fleet.loaded import load
 from gpufleet.runner.arguments import RunSpec
 from gpufleet.runner.facts import as_bool
 from gpufleet.runner.options import DeployError, RunOptions, checked_bundle, checked_inventory
@@ -70,15 +71,6 @@ def spec(step: Step, options: RunOptions) -> RunSpec:
     )
 
 
-def read_raw(inventory: Path) -> RawInventory | None:
-    """The inventory as Ansible reads it, once per run; None when it cannot be read (validation and the
-    stages' playbooks report what is wrong with it)."""
-    try:
-        return read_inventory(inventory)
-    except InventoryError:
-        return None
-
-
 def deploy_plan(
     raw: RawInventory | None,
     *,
@@ -113,7 +105,8 @@ def deploy_specs(
 ) -> list[RunSpec]:
     """The checked playbook runs of a deploy, in order; DeployError says what cannot work and the fix."""
     inventory = checked_inventory(inventory)
-    plan = deploy_plan(read_raw(inventory), stages=stages, extra_vars=extra_vars, bundle=bundle, limit=limit)
+    raw = load(inventory, validate=False).raw
+    plan = deploy_plan(raw, stages=stages, extra_vars=extra_vars, bundle=bundle, limit=limit)
     options = RunOptions.checked(
         inventory, project_dir=project_dir, check=check, timeout=timeout, env_passthrough=env_passthrough
     )

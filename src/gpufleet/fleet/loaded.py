@@ -1,0 +1,131 @@
+"""The fleet of one run: its inventory read once, validated once, and what a run derives from it.
+
+:func:`load` reads the inventory with ansible-core's own loader
+(:func:`~gpufleet.fleet.inventory.read_inventory`) and checks it (:func:`~gpufleet.fleet.validate.validate`)
+into one frozen :class:`Fleet`. A run builds it once and passes it down: the CLI's plan, deploy()'s stages
+(the P/D pools among them), its validation and the endpoint its downtime meter polls all read the same
+object, where each once read the inventory again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from gpufleet.fleet.disagg import POOLS, PROXY_PORT, has_pools
+from gpufleet.fleet.inventory import RawInventory, read_inventory
+from gpufleet.fleet.schema import FleetSpec
+from gpufleet.fleet.validate import plan_request
+from gpufleet.fleet.validate import validate as validate_raw
+from gpufleet.problems import InventoryError, Problem
+
+if TYPE_CHECKING:
+    from gpufleet.planner import PlanRequest
+
+
+class Endpoint(NamedTuple):
+    """The service as a client reaches it: its /v1 URL and the file that holds its API key."""
+
+    url: str
+    key_file: Path
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """One inventory as a run sees it.
+
+    ``raw`` is what Ansible resolved (None when it could not read the inventory at all: ``problems`` say
+    why); ``spec`` the typed fleet when validation found no problem. ``validated`` is false for a fleet
+    loaded with ``validate=False`` (status and teardown must work on a fleet that would not plan):
+    :meth:`validate` checks it then, from the same reading.
+    """
+
+    path: Path
+    raw: RawInventory | None
+    spec: FleetSpec | None = None
+    problems: tuple[Problem, ...] = ()
+    warnings: tuple[str, ...] = ()
+    validated: bool = False
+
+    def validate(self) -> Fleet:
+        """This fleet, checked (itself when it already is); never reads the inventory again."""
+        if self.validated or self.raw is None:
+            return replace(self, validated=True)
+        result = validate_raw(self.raw)
+        return replace(
+            self,
+            spec=result.fleet,
+            problems=tuple(result.problems),
+            warnings=tuple(result.warnings),
+            validated=True,
+        )
+
+    def require(self) -> FleetSpec:
+        """The typed fleet; InventoryError listing every problem when there is one."""
+        checked = self.validate()
+        if checked.problems or checked.spec is None:
+            raise InventoryError(list(checked.problems))
+        return checked.spec
+
+    def plan_request(self) -> PlanRequest:
+        """The planner's input for this fleet and its model; InventoryError when there is none."""
+        request, problems = plan_request(self.require())
+        if request is None:
+            raise InventoryError(problems)
+        return request
+
+    @property
+    def pools(self) -> dict[str, tuple[str, ...]]:
+        """The prefill/decode pools' hosts, by group; empty for a fleet served as one instance."""
+        if self.raw is None or not has_pools(self.raw):
+            return {}
+        return {group: tuple(host.name for host in self.raw.members(group)) for group in POOLS}
+
+    @property
+    def endpoint(self) -> Endpoint | None:
+        """Where the service answers and its key file, as the inventory sets them (None: not knowable here).
+
+        The head's cluster address and ``vllm_service_port`` (or ``vllm_service_host`` when it names one
+        address); for prefill/decode pools the proxy on the head (roles/vllm_pd: ``vllm_pd_proxy_port``).
+        The key file is ``gpufleet_api_key_file`` (or the role's ``vllm_service_api_key_file``), else
+        ``gpufleet.apikey`` beside the inventory, where the vllm_service role keeps a generated key.
+        """
+        heads = self.raw.members("ray_head") if self.raw is not None else []
+        if not heads:
+            return None
+        variables: dict[str, Any] = dict(heads[0].variables)
+        if self.pools:
+            host, port = str(variables.get("gpufleet_node_ip", "")), str(variables.get(PROXY_PORT, 8000))
+        else:
+            host = str(variables.get("vllm_service_host", "0.0.0.0"))  # vLLM binds all addresses by default
+            if host in ("0.0.0.0", "::"):
+                host = str(variables.get("gpufleet_node_ip", ""))
+            port = str(variables.get("vllm_service_port", 8000))
+        if not host or "{{" in host:
+            return None
+        folder = self.path if self.path.is_dir() else self.path.parent
+        key = variables.get("gpufleet_api_key_file") or variables.get("vllm_service_api_key_file")
+        key_file = Path(str(key)) if key and "{{" not in str(key) else folder / "gpufleet.apikey"
+        return Endpoint(f"http://{host}:{port}/v1", key_file)
+
+
+def load(path: Path, *, validate: bool = True) -> Fleet:
+    """Read the inventory once (and check it, unless ``validate`` is false); never raises for a bad
+    inventory: the problems are in the result (:meth:`Fleet.require` raises them)."""
+    try:
+        raw = read_inventory(path)
+    except InventoryError as error:
+        return Fleet(path=path, raw=None, problems=tuple(error.problems), validated=True)
+    fleet = Fleet(path=path, raw=raw)
+    return fleet.validate() if validate else fleet
+
+
+def load_fleet(path: Path) -> FleetSpec:
+    """Read and validate an inventory; raises InventoryError listing every problem."""
+    return load(path).require()
+
+
+def plan_request_for_inventory(path: Path) -> PlanRequest:
+    """The planner's input for an inventory's fleet and model; raises InventoryError."""
+    return load(path).plan_request()
