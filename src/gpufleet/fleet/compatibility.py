@@ -46,7 +46,7 @@ def check_compatibility(fleet: FleetSpec, variables: Mapping[str, Any], root: Pa
     if gpus and value.get("nvidia_driver_version"):
         driver = str(value["nvidia_driver_version"])
         findings += check_image(
-            image, driver, gpus, forward_compat=bool(variables.get("gpufleet_cuda_forward_compat", False))
+            image, driver, gpus, forward_compat=_true(variables.get("gpufleet_cuda_forward_compat", False))
         )
         if value.get("cuda_toolkit_version"):
             findings += check_driver_toolkit(driver, str(value["cuda_toolkit_version"]))
@@ -92,3 +92,13 @@ def _from_bundle(fleet: FleetSpec, reference: str) -> ImageFacts | None:
                 source="image config",
             )  # fmt: skip
     return None
+
+
+def _true(value: object) -> bool:
+    """Ansible's reading of a boolean ("false" is false); a value it cannot read is validation's problem."""
+    from ansible.module_utils.parsing.convert_bool import boolean  # noqa: PLC0415  (ansible's import)
+
+    try:
+        return bool(boolean(value, strict=True))
+    except TypeError:
+        return False

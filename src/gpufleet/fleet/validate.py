@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 from gpufleet.fleet.compatibility import check_compatibility
 from gpufleet.fleet.disagg import check_disagg, has_pools
 from gpufleet.fleet.inventory import RawHost, RawInventory, read_inventory
+from gpufleet.fleet.role_values import check_values, role_options
 from gpufleet.fleet.schema import (
     FLEET_ONLY_VARIABLES,
     VARIABLES,
@@ -96,8 +97,10 @@ def validate(raw: RawInventory) -> Validation:
     except RoleSpecsMissingError as error:
         result.problems.append(error.problem)
         return result
+    options = role_options(project_root() or Path("."))
     for host in nodes:
         result.problems += _unknown_variables(host, roles)
+        result.problems += check_values(host, options)
     result.problems += _fleet_wide_differences(nodes, roles)
     if not nodes:
         return result

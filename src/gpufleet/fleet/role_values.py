@@ -1,0 +1,185 @@
+"""Role variables' values, checked as the roles check them when they start, and the ranges specs cannot say.
+
+Each role's ``meta/argument_specs.yml`` is what ansible-core's ``validate_argument_spec`` checks at the role's
+start, on the host, after earlier stages have already changed the fleet. Validation runs the same validator
+(``ansible.module_utils.common.arg_spec.ArgumentSpecValidator``) on the values the inventory (and ``-e``)
+gives each host, before anything runs: a value outside a role's ``choices``, a word where an integer or a
+boolean belongs, a mapping where a list belongs. Argument specs have no ranges, so :data:`RANGES` gives
+every numeric role variable one (ports 1-65535, seconds and counts, fractions 0-1); a unit test fails on a
+numeric variable no rule covers. Variables typed by the fleet schema (``schema.VARIABLES``) are checked there.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpufleet.fleet.inventory import RawHost
+from gpufleet.fleet.schema import VARIABLES
+from gpufleet.problems import Problem
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric role variable may take, inclusive; ``None``: unbounded on that side."""
+
+    low: float | None
+    high: float | None
+    what: str  # "a TCP port", "seconds", "a fraction": said in the expected value
+
+    def holds(self, value: float) -> bool:
+        return (self.low is None or value >= self.low) and (self.high is None or value <= self.high)
+
+    def describe(self, kind: str) -> str:
+        if self.high is None:
+            return f"{kind} of at least {_number(self.low)} ({self.what})"
+        return f"{kind} from {_number(self.low)} to {_number(self.high)} ({self.what})"
+
+
+PORT = Range(1, 65535, "a TCP port")
+FRACTION = Range(0, 1, "a fraction: 0.95 for 95 %")
+# The first rule whose pattern matches the whole variable name gives its range.
+RANGES: tuple[tuple[str, Range], ...] = (
+    (r".*_port", PORT),
+    (r".*_(timeout|reboot_timeout)", Range(1, None, "seconds")),
+    (r".*_restart_sec", Range(0, None, "seconds")),
+    (r"monitoring_alert_.*_seconds", Range(0, None, "seconds")),
+    (r"monitoring_alert_kv_cache_usage", FRACTION),
+    (r"monitoring_alert_waiting_requests", Range(0, None, "requests")),
+    (r"vllm_service_start_restarts", Range(0, None, "restarts")),
+    (r".*_log_lines", Range(1, None, "lines")),
+    (r"docker_log_max_file", Range(1, None, "files")),
+    (r".*_tensor_parallel_size|.*_pipeline_parallel_size", Range(1, None, "GPUs")),
+    (r".*_(chain_min_bytes|relay_size)", Range(0, None, "bytes")),
+    (r"ray_cluster_object_store_memory", Range(1, None, "bytes")),
+    (r".*_concurrency", Range(1, None, "transfers at once")),
+    (r"ray_cluster_num_(cpus|gpus)", Range(0, None, "per node")),
+    (r".*_(gib|gb)", Range(0, None, "GiB")),
+    (r"vllm_service_(max_model_len|max_num_batched_tokens)", Range(1, None, "tokens")),
+    (r"vllm_service_max_num_seqs", Range(1, None, "sequences")),
+)
+KINDS = {
+    "int": "an integer",
+    "float": "a number",
+    "bool": "a boolean (true or false)",
+    "list": "a list",
+    "dict": "a mapping",
+    "str": "a string",
+    "path": "a path",
+}
+
+
+# gpufleet's own variables that no role's specs declare (schema.FLEET_ONLY_VARIABLES), typed as the runner
+# and the roles read them; a unit test keeps the two lists equal.
+FLEET_ONLY_SPECS: Mapping[str, Mapping[str, Any]] = {
+    "gpufleet_api_key_file": {"type": "path"},
+    "gpufleet_bundle_signers": {"type": "path"},
+    "gpufleet_cuda_forward_compat": {"type": "bool"},
+    "gpufleet_fast_rerun": {"type": "bool"},
+    "gpufleet_grafana_password_file": {"type": "path"},
+    "gpufleet_lab": {"type": "bool"},
+    "gpufleet_monitoring": {"type": "bool"},
+}
+
+
+@dataclass(frozen=True)
+class Option:
+    role: str | None  # None: gpufleet's own (FLEET_ONLY_SPECS)
+    name: str
+    spec: Mapping[str, Any]  # the option as ArgumentSpecValidator takes it (no description)
+
+    @property
+    def kind(self) -> str:
+        return str(self.spec.get("type", "str"))
+
+    @property
+    def refuses(self) -> str:
+        if self.role is None:
+            return "gpufleet reads it so (the README's inventory reference)"
+        return (
+            f"the {self.role} role would refuse it on the host after earlier stages ran "
+            f"(roles/{self.role}/meta/argument_specs.yml)"
+        )
+
+
+def range_for(name: str) -> Range | None:
+    return next((limits for pattern, limits in RANGES if re.fullmatch(pattern, name)), None)
+
+
+@cache
+def role_options(root: Path) -> Mapping[str, Option]:
+    """Every option of every entry point of every role's argument specs, by name (the first entry point's),
+    and gpufleet's own (:data:`FLEET_ONLY_SPECS`)."""
+    found = {name: Option(None, name, spec) for name, spec in FLEET_ONLY_SPECS.items()}
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    for spec_file in sorted(root.glob("roles/*/meta/argument_specs.yml")):
+        role = spec_file.parent.parent.name
+        specs = yaml.load(spec_file.read_text(encoding="utf-8"), Loader=loader) or {}
+        for entry in (specs.get("argument_specs") or {}).values():
+            for name, option in ((entry or {}).get("options") or {}).items():
+                if str(name) not in found and isinstance(option, Mapping):
+                    spec = {key: val for key, val in option.items() if key not in ("description", "default")}
+                    found[str(name)] = Option(role, str(name), spec)
+    return found
+
+
+def check_values(host: RawHost, options: Mapping[str, Option]) -> Iterator[Problem]:
+    """What each role would refuse at its start, and values out of their range, for one host's variables."""
+    from ansible.module_utils.common.arg_spec import ArgumentSpecValidator  # noqa: PLC0415  (ansible's import)
+
+    for name in sorted(host.variables):
+        option = options.get(name)
+        if option is None or name in VARIABLES:
+            continue
+        value = host.variables[name]
+        if value is None:
+            continue  # unset: the role's default
+        expected = _expected(option)
+        if option.kind in ("int", "float") and isinstance(value, bool):
+            yield _problem(host, option, value, expected, "a boolean")
+            continue
+        result = ArgumentSpecValidator({name: dict(option.spec)}).validate({name: value})
+        if result.error_messages:
+            yield _problem(host, option, value, expected, _reason(result.error_messages[0]))
+            continue
+        limits = range_for(name)
+        checked = result.validated_parameters.get(name)
+        if limits is not None and isinstance(checked, int | float) and not limits.holds(checked):
+            yield _problem(host, option, value, limits.describe(KINDS[option.kind]), "out of range")
+
+
+def _expected(option: Option) -> str:
+    if choices := option.spec.get("choices"):
+        return "one of " + ", ".join(str(choice) for choice in choices)
+    limits = range_for(option.name)
+    kind = KINDS.get(option.kind, f"a {option.kind}")
+    return limits.describe(kind) if limits is not None and option.kind in ("int", "float") else kind
+
+
+def _reason(message: str) -> str:
+    """Ansible's message, less what the problem line says anyway (the variable's name and its value)."""
+    if "must be one of" in message:
+        return "not one of the role's choices"
+    match = re.search(r"unable to convert to (\w+)", message)
+    return f"not convertible to {match.group(1)}" if match else message.split(":", maxsplit=1)[0]
+
+
+def _problem(host: RawHost, option: Option, value: Any, expected: str, why: str) -> Problem:
+    shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+    return Problem(
+        f"host {host.name}",
+        option.name,
+        f"{shown} ({why})",
+        expected,
+        f"set {option.name} to {expected}; {option.refuses}",
+    )
+
+
+def _number(value: float | None) -> str:
+    return f"{value:g}" if value is not None else "-"
