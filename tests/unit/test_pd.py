@@ -226,8 +226,12 @@ def test_ports_that_collide_are_refused(tmp_path: Path) -> None:
         inventory(tmp_path, vllm_prefill={"vllm_pd_side_channel_port": 8101, "vllm_pd_port": 8102})
     )
     assert any("vllm_pd_side_channel_port" in p and "8102" in p and "gpu1" in p for p in found), found
-    found = problems(inventory(tmp_path / "b", vllm_decode={"vllm_pd_port": 6379}))
-    assert any("6379" in p and "ray_cluster_port" in p for p in found), found
+    found = problems(inventory(tmp_path / "b", vllm_decode={"vllm_pd_port": 6380}))  # every node's raylet
+    assert any("6380" in p and "ray_cluster_node_manager_port" in p and "gpu2" in p for p in found), found
+    found = problems(inventory(tmp_path / "d", vllm_prefill={"vllm_pd_port": 6379}))  # the head's GCS
+    assert any("6379" in p and "ray_cluster_port" in p and "gpu1" in p for p in found), found
+    # Ray's GCS listens on the head only: a decode host (gpu2) may use 6379 (it was refused before)
+    assert problems(inventory(tmp_path / "e", vllm_decode={"vllm_pd_port": 6379})) == []
     found = problems(inventory(tmp_path / "c", gpu_nodes={"vllm_pd_port": 8000}))
     assert any("vllm_pd_proxy_port" in p and "gpu1" in p for p in found), found
 

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from gpufleet.compat import ImageFacts, check_driver_toolkit, check_executor, check_image, image_facts
+from gpufleet.fleet.role_values import ansible_bool
 from gpufleet.fleet.schema import FleetSpec
 from gpufleet.problems import Problem
 
@@ -45,9 +46,8 @@ def check_compatibility(fleet: FleetSpec, variables: Mapping[str, Any], root: Pa
     gpus = [(node.name, node.gpus.model or "") for node in fleet.nodes if node.gpu and node.gpus.count]
     if gpus and value.get("nvidia_driver_version"):
         driver = str(value["nvidia_driver_version"])
-        findings += check_image(
-            image, driver, gpus, forward_compat=_true(variables.get("gpufleet_cuda_forward_compat", False))
-        )
+        forward_compat = ansible_bool(variables.get("gpufleet_cuda_forward_compat"), default=False)
+        findings += check_image(image, driver, gpus, forward_compat=forward_compat)
         if value.get("cuda_toolkit_version"):
             findings += check_driver_toolkit(driver, str(value["cuda_toolkit_version"]))
     problems = [
@@ -92,13 +92,3 @@ def _from_bundle(fleet: FleetSpec, reference: str) -> ImageFacts | None:
                 source="image config",
             )  # fmt: skip
     return None
-
-
-def _true(value: object) -> bool:
-    """Ansible's reading of a boolean ("false" is false); a value it cannot read is validation's problem."""
-    from ansible.module_utils.parsing.convert_bool import boolean  # noqa: PLC0415  (ansible's import)
-
-    try:
-        return bool(boolean(value, strict=True))
-    except TypeError:
-        return False

@@ -10,7 +10,7 @@ P2pNcclConnector the alternative).
 What cannot work is refused here, with the host, the variable and the fix: an empty pool, a host in both
 pools, a decode pool whose KV-cache dtype or block size differs from the prefill pool's (the connector copies
 blocks as they are), a connector the image lacks (:mod:`gpufleet.compat` knows whether an image has NIXL),
-ports that collide on a host, and a pool whose tensor parallelism its hosts' GPUs cannot hold. Each pool is
+a pool whose tensor parallelism its hosts' GPUs cannot hold. Each pool is
 planned on its own (the planner, with the pool's tensor parallel size on one host's GPUs).
 
 The lab's CPU image has no connector at all; ``vllm_pd_test_only_no_kv_transfer: true`` lets tests run the
@@ -25,10 +25,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
+from pydantic import ValidationError
 
 from gpufleet.compat import ImageFacts, image_facts
 from gpufleet.fleet.compatibility import _from_bundle
 from gpufleet.fleet.inventory import RawHost, RawInventory
+from gpufleet.fleet.schema import ServingSpec
 from gpufleet.problems import Problem
 
 if TYPE_CHECKING:
@@ -51,6 +53,21 @@ MUST_MATCH = {
     "vllm_pd_config kv-cache-dtype": ("kv-cache-dtype", "vllm_service_kv_cache_dtype", "auto"),
 }
 PROXY_PORT = "vllm_pd_proxy_port"
+# vllm_pd_config keys that are vllm_service_* settings: each pool's value is checked by the same schema field
+CONFIG_FIELDS = {
+    "block-size": "block_size",
+    "kv-cache-dtype": "kv_cache_dtype",
+    "dtype": "dtype",
+    "gpu-memory-utilization": "gpu_memory_utilization",
+    "max-model-len": "max_model_len",
+    "max-num-seqs": "max_num_seqs",
+    "max-num-batched-tokens": "max_num_batched_tokens",
+    "cpu-offload-gb": "cpu_offload_gb",
+    "quantization": "quantization",
+    "enforce-eager": "enforce_eager",
+}
+# Names vLLM gives one KV-cache dtype: fp8 is fp8_e4m3 (CacheConfig), so the pools agree.
+SAME_KV_DTYPE = {"fp8": "fp8_e4m3"}
 
 
 @dataclass
@@ -116,17 +133,12 @@ def check_disagg(
     result.problems += _pool_membership(raw, pools)
     if not all(pools.values()):
         return result
+    result.problems += _pool_settings(pools)
     result.problems += _mismatched(pools, defaults)
     kv_off = any(bool(_value(host, TEST_SWITCH, defaults)) for hosts in pools.values() for host in hosts)
     connector_problems, connector_warnings = _connector(pools, image, defaults, kv_off)
     result.problems += connector_problems
     result.warnings += connector_warnings
-    ray = {
-        name: port
-        for name, port in role_defaults(root, "ray_cluster").items()
-        if name.endswith("_port") and isinstance(port, int)
-    }
-    result.problems += _ports(raw, pools, defaults, ray)
     result.problems += _parallelism(pools, defaults)
     if fleet is not None and planner_input is not None and not result.problems:
         _plan_pools(fleet, pools, defaults, result, planner_input)
@@ -164,6 +176,36 @@ def _pool_membership(raw: RawInventory, pools: Mapping[str, list[RawHost]]) -> I
             )
 
 
+def _pool_settings(pools: Mapping[str, list[RawHost]]) -> Iterator[Problem]:
+    """Each pool's vllm_pd_config serving settings, by the single pool's rules (ServingSpec's fields)."""
+    for group, hosts in pools.items():
+        for host in hosts:
+            config = host.variables.get("vllm_pd_config") or {}
+            if not isinstance(config, Mapping):
+                continue  # not a mapping: the role's argument spec (the value checks) says so
+            for key, field_name in CONFIG_FIELDS.items():
+                if key not in config:
+                    continue
+                try:
+                    ServingSpec.model_validate({field_name: config[key]})
+                except ValidationError as error:
+                    reason = str(error.errors()[0]["msg"]).removeprefix("Value error, ")
+                    yield Problem(
+                        f"host {host.name} ({group})",
+                        f"vllm_pd_config {key}",
+                        repr(config[key]),
+                        reason[0].lower() + reason[1:],
+                        f"give {key} in {group}'s vllm_pd_config a value vLLM takes "
+                        f"(as for vllm_service_{field_name})",
+                    )
+
+
+def _kv_setting(name: str, value: Any) -> str:
+    """A MUST_MATCH value as the connector sees it: 16 and "16" alike, fp8 and fp8_e4m3 alike."""
+    text = str(value).strip()
+    return SAME_KV_DTYPE.get(text, text) if name.endswith("kv-cache-dtype") else text
+
+
 def _mismatched(pools: Mapping[str, list[RawHost]], defaults: Mapping[str, Any]) -> Iterator[Problem]:
     reference = pools[PREFILL][0]
     for name in MUST_MATCH:
@@ -171,7 +213,7 @@ def _mismatched(pools: Mapping[str, list[RawHost]], defaults: Mapping[str, Any])
         for group, hosts in pools.items():
             for host in hosts:
                 found = _value(host, name, defaults)
-                if str(found) != str(expected):
+                if _kv_setting(name, found) != _kv_setting(name, expected):
                     yield Problem(
                         f"host {host.name} ({group})",
                         name,
@@ -253,61 +295,6 @@ def _int(value: Any, default: int) -> int:
         return int(value)
     except (TypeError, ValueError):
         return default
-
-
-def _ports(
-    raw: RawInventory,
-    pools: Mapping[str, list[RawHost]],
-    defaults: Mapping[str, Any],
-    ray_defaults: Mapping[str, int],
-) -> Iterator[Problem]:
-    """Ports of the instance, its connector, the proxy (on the head) and Ray on each host: all distinct."""
-    heads = raw.members("ray_head")
-    head = heads[0].name if heads else None
-    for group, hosts in pools.items():
-        for host in hosts:
-            yield from _host_ports(host, group, defaults, ray_defaults, host.name == head)
-    for host in heads:
-        if not set(POOLS) & host.groups:
-            yield from _host_ports(host, None, defaults, ray_defaults, True)
-
-
-def _host_ports(
-    host: RawHost, group: str | None, defaults: Mapping[str, Any], ray: Mapping[str, int], is_head: bool
-) -> Iterator[Problem]:
-    tp = max(1, _int(_value(host, "vllm_pd_tensor_parallel_size", defaults), 1))
-    connector = str(_value(host, "vllm_pd_connector", defaults) or "NixlConnector")
-    used: dict[int, str] = {}
-    wanted: list[tuple[str, int, int]] = []
-    if group is not None:
-        wanted.append(("vllm_pd_port", _int(_value(host, "vllm_pd_port", defaults), 8100), 1))
-        if connector == "NixlConnector":
-            wanted.append(
-                (
-                    "vllm_pd_side_channel_port",
-                    _int(_value(host, "vllm_pd_side_channel_port", defaults), 5600),
-                    tp,
-                )
-            )
-        else:
-            wanted.append(("vllm_pd_nccl_port", _int(_value(host, "vllm_pd_nccl_port", defaults), 21001), tp))
-    if is_head:
-        wanted.append((PROXY_PORT, _int(_value(host, PROXY_PORT, defaults), 8000), 1))
-    for name, default in ray.items():
-        wanted.append((name, _int(host.variables.get(name, default), default), 1))
-    for name, first, count in wanted:
-        for port in range(first, first + count):
-            if port in used and used[port] != name:
-                span = f" (and the next {count - 1}, one per TP rank)" if count > 1 else ""
-                yield Problem(
-                    f"host {host.name}",
-                    name,
-                    f"port {port}{span}, which {used[port]} uses too",
-                    "a port of its own on each host",
-                    f"give {name} or {used[port]} another port",
-                )
-                break
-            used[port] = name
 
 
 def _parallelism(pools: Mapping[str, list[RawHost]], defaults: Mapping[str, Any]) -> Iterator[Problem]:

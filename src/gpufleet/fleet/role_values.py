@@ -183,3 +183,16 @@ def _problem(host: RawHost, option: Option, value: Any, expected: str, why: str)
 
 def _number(value: float | None) -> str:
     return f"{value:g}" if value is not None else "-"
+
+
+def ansible_bool(value: Any, *, default: bool) -> bool:
+    """Ansible's reading of a boolean ("false" is false); ``None``, ``auto`` (Ray: started when the image has
+    it) and anything Ansible cannot read count as ``default`` (the value checks above name the unreadable)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
+        return default
+    from ansible.module_utils.parsing.convert_bool import boolean  # noqa: PLC0415  (ansible's import)
+
+    try:
+        return bool(boolean(value, strict=True))
+    except TypeError:
+        return default

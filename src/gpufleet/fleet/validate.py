@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 from gpufleet.fleet.compatibility import check_compatibility
 from gpufleet.fleet.disagg import check_disagg, has_pools
 from gpufleet.fleet.inventory import RawHost, RawInventory, read_inventory
+from gpufleet.fleet.ports import check_ports
 from gpufleet.fleet.role_values import check_values, role_options
 from gpufleet.fleet.schema import (
     FLEET_ONLY_VARIABLES,
@@ -102,6 +103,7 @@ def validate(raw: RawInventory) -> Validation:
         result.problems += _unknown_variables(host, roles)
         result.problems += check_values(host, options)
     result.problems += _fleet_wide_differences(nodes, roles)
+    result.problems += check_ports(raw, nodes, project_root())
     if not nodes:
         return result
     result.fleet = _build_fleet(raw, nodes, result)

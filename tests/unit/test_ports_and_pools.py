@@ -1,0 +1,161 @@
+"""Issue 37, class 3: the prefill/decode pools and the monitoring settings get the single pool's checks, and
+ports are checked across everything one node runs (vLLM, Ray, the P/D proxy and instances, monitoring, the
+relays), ports derived from a base port included."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpufleet.fleet import validate_inventory
+
+from .conftest import REPO, InventoryFactory
+
+PD_EXAMPLE = REPO / "inventories" / "examples" / "pd"
+
+
+def problems(path: Path) -> list[str]:
+    return [str(problem) for problem in validate_inventory(path).problems]
+
+
+def pd_inventory(tmp_path: Path, **group_vars: dict[str, Any]) -> Path:
+    target = tmp_path / "pd"
+    shutil.copytree(PD_EXAMPLE, target)
+    for group, values in group_vars.items():
+        path = target / "group_vars" / f"{group}.yml"
+        current = yaml.safe_load(path.read_text(encoding="utf-8")) if path.exists() else {}
+        path.write_text(yaml.safe_dump((current or {}) | values), encoding="utf-8")
+    return target
+
+
+# One node's services wanting one port: (group_vars, the variable named, the other one named)
+COLLISIONS: list[tuple[dict[str, Any], str, str]] = [
+    ({"gpufleet_monitoring": True, "monitoring_node_exporter_port": 8000}, "vllm_service_port", "monitoring"),
+    ({"gpufleet_monitoring": True, "monitoring_prometheus_port": 6379}, "monitoring_prometheus_port", "ray"),
+    (
+        {"gpufleet_monitoring": True, "monitoring_grafana": True, "monitoring_grafana_port": 9090},
+        "monitoring_grafana_port",
+        "monitoring_prometheus_port",
+    ),
+    (
+        {"gpufleet_monitoring": True, "monitoring_dcgm_exporter_port": 6381},
+        "monitoring_dcgm",
+        "object_manager",
+    ),
+    ({"image_distribution_relay_port": 8000}, "vllm_service_port", "image_distribution_relay_port"),
+    ({"model_fetch_relay_port": 6380}, "model_fetch_relay_port", "ray_cluster_node_manager_port"),
+    (
+        {"vllm_service_port": 10500},
+        "vllm_service_port",
+        "ray_cluster_min_worker_port",
+    ),  # in Ray's worker range
+    ({"vllm_service_port": 8265}, "vllm_service_port", "ray_cluster_dashboard_port"),
+    ({"vllm_service_executor": "mp", "vllm_service_master_port": 8000}, "vllm_service_master_port", "vllm"),
+    (
+        {"ray_cluster_metrics_export_port": 9100, "gpufleet_monitoring": True},
+        "node_exporter",
+        "metrics_export",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("group_vars", "named", "other"), COLLISIONS, ids=[c[1] + "/" + c[2] for c in COLLISIONS]
+)
+def test_two_services_of_one_node_on_one_port_are_refused(
+    make_inventory: InventoryFactory, group_vars: dict[str, Any], named: str, other: str
+) -> None:
+    found = [line for line in problems(make_inventory(group_vars=group_vars)) if "uses too" in line]
+
+    assert found and all(named in line and other in line for line in found[:1]), found
+    assert "a port of its own on each host" in found[0] and "Fix: give " in found[0]
+
+
+# Accepted: services that never listen together, or not on that node
+FREE: list[dict[str, Any]] = [
+    {"image_distribution_relay_port": 18500, "model_fetch_relay_port": 18500},  # one after the other
+    {"gpufleet_monitoring": False, "monitoring_node_exporter_port": 8000},  # monitoring is off
+    {"vllm_service_master_port": 6379},  # the ray executor: no master port
+    {"ray_cluster_start_ray": False, "vllm_service_port": 6380},  # no Ray on the nodes
+    {"ray_cluster_min_worker_port": 20000, "ray_cluster_max_worker_port": 20999, "vllm_service_port": 10500},
+]
+
+
+@pytest.mark.parametrize("group_vars", FREE, ids=[",".join(f) for f in FREE])
+def test_ports_that_never_meet_are_accepted(
+    make_inventory: InventoryFactory, group_vars: dict[str, Any]
+) -> None:
+    assert [line for line in problems(make_inventory(group_vars=group_vars)) if "port" in line] == []
+
+
+def test_ray_worker_ports_in_the_wrong_order_are_refused(make_inventory: InventoryFactory) -> None:
+    path = make_inventory(
+        group_vars={"ray_cluster_min_worker_port": 20000, "ray_cluster_max_worker_port": 19000}
+    )
+    (line,) = [line for line in problems(path) if "ray_cluster_min_worker_port" in line][:1]
+    assert "above ray_cluster_max_worker_port (19000)" in line, line
+
+
+@pytest.mark.parametrize(
+    ("pool_vars", "said"),
+    [
+        ({"vllm_pd_side_channel_port": 65535, "vllm_pd_tensor_parallel_size": 2}, "ports 65535-65536"),
+        (
+            {
+                "vllm_pd_connector": "P2pNcclConnector",
+                "vllm_pd_nccl_port": 65534,
+                "vllm_pd_tensor_parallel_size": 4,
+            },
+            "ports 65534-65537",
+        ),
+    ],
+    ids=["nixl-side-channel", "nccl"],
+)
+def test_ports_derived_from_a_base_port_stay_in_range(
+    tmp_path: Path, pool_vars: dict[str, Any], said: str
+) -> None:
+    found = problems(pd_inventory(tmp_path, vllm_decode=pool_vars))
+    assert any(said in line and "one per TP rank" in line and "gpu2" in line for line in found), found
+
+
+@pytest.mark.parametrize(
+    ("config", "said"),
+    [
+        ({"block-size": 12}, "block-size"),
+        ({"block-size": "sixteen"}, "block-size"),
+        ({"kv-cache-dtype": "fp16"}, "kv-cache-dtype"),
+        ({"gpu-memory-utilization": 90}, "gpu-memory-utilization"),
+        ({"gpu-memory-utilization": "most"}, "gpu-memory-utilization"),
+        ({"max-model-len": "lots"}, "max-model-len"),
+        ({"max-model-len": 0}, "max-model-len"),
+        ({"max-num-seqs": -4}, "max-num-seqs"),
+        ({"dtype": "fp32"}, "dtype"),
+        ({"cpu-offload-gb": "some"}, "cpu-offload-gb"),
+    ],
+    ids=lambda value: str(value),
+)
+def test_a_pools_serving_settings_get_the_single_pools_checks(
+    tmp_path: Path, config: dict[str, Any], said: str
+) -> None:
+    found = problems(pd_inventory(tmp_path, vllm_prefill={"vllm_pd_config": config}))
+    assert any(
+        f"vllm_pd_config {said}: found " in line and "gpu1 (vllm_prefill)" in line for line in found
+    ), found
+
+
+@pytest.mark.parametrize(
+    ("prefill", "decode"),
+    [({"kv-cache-dtype": "fp8"}, {"kv-cache-dtype": "fp8_e4m3"}), ({"block-size": "32"}, {"block-size": 32})],
+    ids=["fp8-is-fp8_e4m3", "a-number-as-text"],
+)
+def test_pools_that_agree_once_resolved_are_accepted(
+    tmp_path: Path, prefill: dict[str, Any], decode: dict[str, Any]
+) -> None:
+    path = pd_inventory(
+        tmp_path, vllm_prefill={"vllm_pd_config": prefill}, vllm_decode={"vllm_pd_config": decode}
+    )
+    assert [line for line in problems(path) if "prefill pool" in line] == []
