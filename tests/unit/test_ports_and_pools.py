@@ -136,7 +136,7 @@ def test_ports_derived_from_a_base_port_stay_in_range(
         ({"dtype": "fp32"}, "dtype"),
         ({"cpu-offload-gb": "some"}, "cpu-offload-gb"),
     ],
-    ids=lambda value: str(value),
+    ids=str,
 )
 def test_a_pools_serving_settings_get_the_single_pools_checks(
     tmp_path: Path, config: dict[str, Any], said: str

@@ -1,5 +1,6 @@
-"""Issue 37, class 1: role variables' values are checked as the roles check them at their start (ansible-core's
-own argument-spec validator) and against the ranges argument specs cannot say, before anything runs."""
+"""Issue 37, class 1: role variables' values are checked as the roles check them when they start
+(ansible-core's own argument-spec validator), and against the ranges argument specs cannot say, before
+anything runs."""
 
 from __future__ import annotations
 
@@ -88,7 +89,9 @@ def test_a_value_the_role_would_refuse_is_refused_by_validate(
 
 
 @pytest.mark.parametrize(("name", "value"), RIGHT, ids=[f"{n}={v!r}" for n, v in RIGHT])
-def test_a_value_the_role_takes_is_not_refused(make_inventory: InventoryFactory, name: str, value: Any) -> None:
+def test_a_value_the_role_takes_is_not_refused(
+    make_inventory: InventoryFactory, name: str, value: Any
+) -> None:
     assert problems(make_inventory, name, value) == []
 
 

@@ -63,13 +63,9 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Path]]:
 def fleet_inventory(
     make_inventory: InventoryFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Path:
-    """A valid two-node fleet whose endpoint is a closed port here (the head's address is loopback)."""
+    """A valid two-node fleet whose endpoint is a closed port here (vLLM bound to loopback on the head)."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-
-    def loopback(hosts: dict[str, Any]) -> None:
-        hosts["gpu_nodes"]["children"]["ray_head"]["hosts"]["head"]["gpufleet_node_ip"] = "127.0.0.1"
-
-    return make_inventory(loopback, group_vars={"vllm_service_port": 9})
+    return make_inventory(group_vars={"vllm_service_port": 9, "vllm_service_host": "127.0.0.1"})
 
 
 def test_a_deploy_reads_its_inventory_once(inventory: Path, counted: dict[str, list[Path]]) -> None:

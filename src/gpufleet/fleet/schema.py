@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import posixpath
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,10 +96,57 @@ class NodeSpec(_Frozen):
         return value
 
     node_ip: IPvAnyAddress
+
+    @field_validator("node_ip", mode="before")
+    @classmethod
+    def _written_as_text(cls, value: Any) -> Any:
+        """YAML reads an unquoted ``1:2:3`` as a base-60 integer, which pydantic takes as an IPv4 address."""
+        if isinstance(value, int | float):
+            raise ValueError(
+                f"an IP address written as text; YAML read a number ({value}): an unquoted address with "
+                "colons (IPv6) is a base-60 integer to YAML 1.1. Quote it"
+            )
+        return value
+
+    @field_validator("node_ip")
+    @classmethod
+    def _reachable(cls, value: ipaddress.IPv4Address | ipaddress.IPv6Address) -> Any:
+        """The address the other nodes reach this one at (Ray, NCCL, the relays): one of its own, on a NIC."""
+        kind = next(
+            (
+                name
+                for name, test in (
+                    ("unspecified", value.is_unspecified),
+                    ("loopback", value.is_loopback),
+                    ("multicast", value.is_multicast),
+                    ("broadcast", str(value) == "255.255.255.255"),
+                )
+                if test
+            ),
+            None,
+        )
+        if kind is not None:
+            raise ValueError(
+                f"the address of this node on the cluster network, not a {kind} one ({value}): the other "
+                "nodes reach it there (`ip -brief address` on the node lists its addresses)"
+            )
+        return value
+
     nic: str = Field(pattern=NIC_PATTERN)
     gpu: bool = True
     gpus: GpuSpec
     role: Literal["head", "worker"]
+
+
+# Directories a model must never be (model_fetch writes DIR.gpufleet-incoming and renames it over DIR), and
+# top-level trees it must never be in. roles/model_fetch/vars/main.yml holds the same lists for the role's own
+# check on the hosts (a unit test keeps them equal).
+SYSTEM_DIRS = (
+    "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/media", "/mnt", "/opt",
+    "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/usr/bin", "/usr/lib", "/usr/local",
+    "/usr/sbin", "/usr/share", "/var", "/var/lib", "/var/log", "/var/tmp",
+)  # fmt: skip
+SYSTEM_TREES = ("/boot", "/dev", "/etc", "/proc", "/run", "/sys")
 
 
 class ModelSpec(_Frozen):
@@ -114,6 +162,17 @@ class ModelSpec(_Frozen):
     def _absolute(cls, value: str) -> str:
         if not value.startswith("/"):
             raise ValueError("an absolute path on the nodes, such as /opt/models/<name>")
+        if ".." in value.split("/"):
+            raise ValueError(
+                f"a path without '..' parts (found {value!r}; it names {posixpath.normpath(value)}): write "
+                "the directory itself"
+            )
+        normal = "/" + posixpath.normpath(value).lstrip("/")  # normpath keeps a leading "//"; the kernel not
+        if normal in SYSTEM_DIRS or any(normal.startswith(tree + "/") for tree in SYSTEM_TREES):
+            raise ValueError(
+                f"a directory of the model's own, such as /opt/models/<name>, not {normal}: model_fetch "
+                "replaces the directory with the model"
+            )
         return value
 
 
