@@ -152,12 +152,14 @@ def run(args: argparse.Namespace) -> int:
 
     def call(progress: ProgressSink | None) -> DeployReport:
         check_bundle(args.bundle, args.bundle_signer)
-        fleet = load(args.inventory)  # once: deploy's stages, checks and endpoint, and the plan below
+        variables = signer_variables(args)
+        # Read and checked once (with -e over it): deploy's stages, checks and endpoint, and the plan below.
+        fleet = load(args.inventory, validate=False).with_extra_vars(variables).validate()
         report = deploy(
             fleet,
             bundle=args.bundle,
             stages=stages,
-            extra_vars=signer_variables(args),
+            extra_vars=variables,
             check=args.check,
             limit=args.limit,
             progress=progress,

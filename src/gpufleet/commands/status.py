@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from gpufleet.commands.deploy import run_reporting
+from gpufleet.commands.deploy import readable, run_reporting
 from gpufleet.runner import ProgressSink, StatusReport, status
 from gpufleet.runner.progress import print_status_report
 
@@ -28,6 +28,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     def call(progress: ProgressSink | None) -> StatusReport:
+        readable(args.inventory)  # an unreadable inventory is named here, not run against an empty one
         return status(args.inventory, progress=progress)
 
     return run_reporting(call, print_status_report, as_json=args.json)

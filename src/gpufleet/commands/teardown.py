@@ -25,7 +25,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     def call(progress: ProgressSink | None) -> DeployReport:
-        readable(args.inventory)
-        return teardown(args.inventory, limit=args.limit, progress=progress)
+        fleet = readable(args.inventory)  # read once: the check here and the --limit check in teardown()
+        return teardown(fleet or args.inventory, limit=args.limit, progress=progress)
 
     return run_reporting(call, print_deploy_report, as_json=args.json)

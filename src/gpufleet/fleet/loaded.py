@@ -9,7 +9,10 @@ object, where each once read the inventory again.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import contextlib
+import io
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -47,6 +50,52 @@ class Fleet:
     problems: tuple[Problem, ...] = ()
     warnings: tuple[str, ...] = ()
     validated: bool = False
+    # The run's extra variables (-e), over every host's inventory values in ``raw`` (Ansible's precedence);
+    # ``base`` is the inventory's own reading they were laid over.
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    base: RawInventory | None = field(default=None, compare=False, repr=False)
+
+    def with_extra_vars(self, extra: Mapping[str, Any] | None) -> Fleet:
+        """This fleet as a run with these extra variables sees it (they win over the inventory on every host),
+        to be checked again; itself when they are the ones it holds. A value that is a template (``{{``) is
+        Ansible's to render at run time and is left out here."""
+        wanted = {
+            name: value
+            for name, value in (extra or {}).items()
+            if not (isinstance(value, str) and ("{{" in value or "{%" in value))
+        }
+        if wanted == dict(self.extra) or self.raw is None:
+            return self
+        base = self.base or self.raw
+        hosts = tuple(replace(host, variables={**host.variables, **wanted}) for host in base.hosts)
+        return Fleet(path=self.path, raw=replace(base, hosts=hosts), extra=wanted, base=base)
+
+    def matching(self, pattern: str) -> list[str]:
+        """The hosts an Ansible host pattern (``--limit``) selects, as ansible-core's InventoryManager reads
+        it (names, groups, wildcards, ``~regex``, ``!``, ``&``); none for an inventory it could not read."""
+        if self.raw is None:
+            return []
+        from ansible.inventory.manager import InventoryManager  # noqa: PLC0415  (ansible's import)
+        from ansible.parsing.dataloader import DataLoader  # noqa: PLC0415
+
+        with contextlib.redirect_stderr(io.StringIO()):  # no "could not match" warnings: callers say it
+            manager = InventoryManager(loader=DataLoader(), sources=[])
+            for host in self.raw.hosts:
+                for group in sorted(host.groups - {"all", "ungrouped"}) or ["ungrouped"]:
+                    manager.add_group(group)
+                    manager.add_host(host.name, group=group)
+            manager._inventory.reconcile_inventory()  # what the parsing of a source ends with
+            manager.clear_pattern_cache()
+            manager.subset(pattern)
+            return [host.name for host in manager.get_hosts("all")]
+
+    def unmatched(self, pattern: str) -> list[str]:
+        """The parts of a ``--limit`` pattern that select no host (a typo Ansible only warns about, then runs
+        on the rest, or on nothing and reports success)."""
+        from ansible.inventory.manager import split_host_pattern  # noqa: PLC0415
+
+        parts = [part for part in split_host_pattern(pattern) if part and part[0] not in "!&@"]
+        return [part for part in parts if not self.matching(part)]
 
     def validate(self) -> Fleet:
         """This fleet, checked (itself when it already is); never reads the inventory again."""

@@ -65,14 +65,17 @@ def deploy(
     Raises DeployError for arguments that cannot work and gpufleet.problems.InventoryError (one line per
     problem) when ``validate_inventory`` finds the inventory invalid; nothing has run on a host then.
     """
-    # One reading and one validation of the inventory for the whole run: the stages, the checks, the endpoint.
-    fleet = _fleet(inventory, validate=validate_inventory)
+    # One reading and one validation of the inventory for the whole run: the stages, the checks, the endpoint;
+    # the extra variables over it, as Ansible lays them (checked too, whichever stages run).
+    fleet = _fleet(inventory).with_extra_vars(extra_vars)
     steps = deploy_plan(fleet.raw, stages=stages, extra_vars=extra_vars, bundle=bundle, limit=limit)
     options = RunOptions.checked(
         fleet.path, project_dir=project_dir, check=check, timeout=timeout, env_passthrough=env_passthrough
     )
     specs = steps.specs(options)
+    _check_limit(fleet, limit)
     if validate_inventory:
+        fleet = fleet.validate()
         fleet.require()  # the same checks as `gpufleet validate`: InventoryError before any host is touched
     started = time.monotonic()
     gated = not check and any(stage in ROLLBACK_AFTER for stage in steps.stages)
@@ -114,7 +117,7 @@ def rollback(
 ) -> DeployReport:
     """Restore every node's ``previous`` revision (or ``current``: the last healthy one, after a change that
     failed outside deploy()), restart what changed and pass the health gate again (playbooks/rollback.yml)."""
-    fleet = _fleet(inventory, validate=False)
+    fleet = _fleet(inventory)
     options = RunOptions.checked(fleet.path, project_dir=project_dir, timeout=timeout)
     first = spec(Step("rollback"), options)
     started = time.monotonic()
@@ -135,7 +138,7 @@ def rollback(
 
 
 def teardown(
-    inventory: Path,
+    inventory: Path | Fleet,
     *,
     limit: str | None = None,
     extra_vars: Mapping[str, Any] | None = None,
@@ -145,10 +148,12 @@ def teardown(
     cancel: Callable[[], bool] | None = None,
 ) -> DeployReport:
     """Stop the services (``playbooks/teardown.yml``); images, models and packages stay."""
-    options = RunOptions.checked(inventory, project_dir=project_dir, timeout=timeout)
+    fleet = _fleet(inventory)
+    options = RunOptions.checked(fleet.path, project_dir=project_dir, timeout=timeout)
     run = spec(Step("teardown", dict(extra_vars or {}), limit), options)
+    _check_limit(fleet, limit)
     started = time.monotonic()
-    with _one_run(inventory, "teardown"):
+    with _one_run(fleet.path, "teardown"):
         marker = head_marker([run], "teardown")
         warnings = acquire(marker)
         results, _ = _run([run], progress, cancel, marker)
@@ -285,10 +290,20 @@ def _one_run(inventory: Path, action: str) -> Iterator[None]:
         raise DeployError(str(busy)) from None
 
 
-def _fleet(inventory: Path | Fleet, *, validate: bool) -> Fleet:
-    """The run's fleet: the one passed in (checked now if it was loaded unchecked), or read from the path."""
-    if isinstance(inventory, Fleet):
-        checked_inventory(inventory.path)
-        return inventory.validate() if validate else inventory
-    checked_inventory(inventory)
-    return load(inventory, validate=validate)
+def _fleet(inventory: Path | Fleet) -> Fleet:
+    """The run's fleet: the one passed in, or read (not yet checked) from the path."""
+    checked_inventory(inventory.path if isinstance(inventory, Fleet) else inventory)
+    return inventory if isinstance(inventory, Fleet) else load(inventory, validate=False)
+
+
+def _check_limit(fleet: Fleet, limit: str | None) -> None:
+    """A --limit part that selects no host is a DeployError (Ansible warns, then runs on the rest, or on no
+    host at all and reports success)."""
+    unmatched = fleet.unmatched(limit) if limit and fleet.raw is not None else []
+    if unmatched:
+        hosts = ", ".join(host.name for host in fleet.raw.hosts) if fleet.raw is not None else ""
+        raise DeployError(
+            f"command line: --limit: found {', '.join(unmatched)}, which selects no host of {fleet.path}; "
+            f"expected host names, groups or patterns of the inventory (hosts: {hosts}). "
+            "Fix: correct the pattern (a typo?), or leave --limit out to run on every host"
+        )
