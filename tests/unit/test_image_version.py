@@ -1,5 +1,5 @@
 """The image's vLLM release against the planner's: the default image agrees, and a different one is a warning
-(never a refusal) in ``gpufleet plan`` and ``gpufleet validate``, whichever way the version is known."""
+(never a refusal) in ``gpufleet plan``, ``validate`` and ``deploy``, whichever way the version is known."""
 
 from __future__ import annotations
 
@@ -13,10 +13,13 @@ from typing import Any
 import pytest
 import yaml
 
+from gpufleet.commands import deploy as deploy_command
 from gpufleet.commands import plan as plan_command
+from gpufleet.commands.deploy import image_caveats
 from gpufleet.compat import ImageFacts, check_vllm_version, image_facts, image_vllm_version, release
-from gpufleet.fleet import validate_inventory
+from gpufleet.fleet import load, validate_inventory
 from gpufleet.planner.vllm_archs import VLLM_VERSION
+from gpufleet.runner import DeployReport
 
 REPO = Path(__file__).resolve().parents[2]
 OLD = "vllm/vllm-openai:v0.10.1.1"
@@ -118,17 +121,23 @@ def test_validate_of_the_prod_defaults_has_no_version_warning(tmp_path: Path) ->
     assert version_warnings(validate_inventory(prod_copy(tmp_path)).warnings) == []
 
 
-def test_validate_takes_the_version_from_the_bundle_lock(tmp_path: Path) -> None:
-    """The lock records what the bundle build read from the image: it overrides what the tag says."""
+def bundle_holding(tmp_path: Path, vllm: str) -> Path:
+    """A bundle whose lock says the v0.24.0-tagged image holds ``vllm`` (a build reads it from the image)."""
     bundle = tmp_path / "bundle"
     bundle.mkdir()
     image = {
         "name": "vllm/vllm-openai", "tag": "v0.24.0", "id": "sha256:" + "a" * 64,
-        "path": "images/vllm.tar.zst", "compression": "zstd", "cuda": "13.0", "vllm": "0.23.1",
+        "path": "images/vllm.tar.zst", "compression": "zstd", "cuda": "13.0", "vllm": vllm,
         "ray": None, "torch": "2.11.0", "python": "3.12",
     }  # fmt: skip
     lock = {"schema_version": 1, "manifest": "manifest.yml", "files": [], "images": [image]}
     (bundle / "bundle.lock.yml").write_text(yaml.safe_dump(lock))
+    return bundle
+
+
+def test_validate_takes_the_version_from_the_bundle_lock(tmp_path: Path) -> None:
+    """The lock records what the bundle build read from the image: it overrides what the tag says."""
+    bundle = bundle_holding(tmp_path, "0.23.1")
     tagged = "vllm/vllm-openai:v0.24.0"
     inventory = prod_copy(tmp_path, gpufleet_bundle_dir=str(bundle), ray_cluster_image=tagged)
     result = validate_inventory(inventory)
@@ -170,3 +179,35 @@ def test_plan_names_its_version_and_warns_on_an_image_of_another(tmp_path: Path,
     assert data["vllm_version"] == VLLM_VERSION
     (warning,) = version_warnings(data["warnings"])
     assert "gpufleet/vllm-cpu:0.32.0, which runs vLLM 0.32.0 (its tag)" in warning
+
+
+# --- gpufleet deploy: the same warning in its report, for the image the run deployed
+
+
+def test_deploy_warns_for_the_image_given_on_its_command_line(tmp_path: Path) -> None:
+    fleet = load(prod_copy(tmp_path))
+    assert image_caveats(fleet, {}, None) == []
+    (warning,) = image_caveats(fleet, {"ray_cluster_image": OLD}, None)
+    assert warning.startswith("group gpu_nodes: ray_cluster_image: found vllm/vllm-openai:v0.10.1.1, which ")
+
+
+def test_deploy_reads_the_version_from_its_bundle(tmp_path: Path) -> None:
+    (warning,) = image_caveats(load(prod_copy(tmp_path)), {}, bundle_holding(tmp_path, "0.23.1"))
+    assert "vLLM 0.23.1 (the bundle's lock, read from the image)" in warning
+
+
+def test_deploy_adds_no_caveat_for_a_fleet_without_gpus_or_an_unreadable_inventory(tmp_path: Path) -> None:
+    lab_like = prod_copy(tmp_path, ray_cluster_image="gpufleet/vllm-cpu:0.32.0", gpufleet_gpu=False)
+    assert image_caveats(load(lab_like), {}, None) == []
+    assert image_caveats(load(tmp_path / "missing"), {"ray_cluster_image": OLD}, None) == []
+
+
+def test_deploys_report_carries_the_warning_after_its_own(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser(prog="gpufleet")
+    deploy_command.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["deploy", "-i", str(prod_copy(tmp_path)), "-e", f"ray_cluster_image={OLD}"])
+    report = DeployReport(ok=True, warnings=("a stale marker was taken over",))
+    report = deploy_command.finished(report, load(args.inventory), args)
+    assert report.ok and report.warnings[0] == "a stale marker was taken over"
+    (warning,) = version_warnings(list(report.warnings[1:]))
+    assert "vLLM 0.10.1.1" in warning and f"vLLM {VLLM_VERSION}" in warning

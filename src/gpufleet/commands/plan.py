@@ -138,18 +138,17 @@ def _inventory_request(args: argparse.Namespace) -> tuple[PlanRequest, list[str]
     if not path.exists():
         raise UsageError(f"-i {path}: no such file or directory; pass an inventory file or directory")
     # InventoryError lives in gpufleet.problems; gpufleet.fleet.inventory raises it. Imported here: ansible.
-    from gpufleet.fleet import load_fleet, plan_request  # noqa: PLC0415
-    from gpufleet.fleet.compatibility import inventory_vllm_version_warnings  # noqa: PLC0415
+    from gpufleet.fleet import load  # noqa: PLC0415
+    from gpufleet.fleet.compatibility import fleet_vllm_version_warnings  # noqa: PLC0415
     from gpufleet.problems import InventoryError  # noqa: PLC0415
 
+    fleet = load(path)  # read and validated once: the request and the caveats come from the same reading
     try:
-        fleet = load_fleet(path)
-        request, problems = plan_request(fleet)
-        if request is None:
-            raise InventoryError(problems)
+        request = fleet.plan_request()
     except InventoryError as error:
         raise UnplannableInventoryError(str(error)) from error
-    return request, inventory_vllm_version_warnings(fleet)
+    assert fleet.spec is not None and fleet.raw is not None  # plan_request() raised otherwise
+    return request, fleet_vllm_version_warnings(fleet.spec, fleet.raw)
 
 
 def _model_request(args: argparse.Namespace) -> PlanRequest:

@@ -23,7 +23,7 @@ from gpufleet.compat import (
     check_vllm_version,
     image_facts,
 )
-from gpufleet.fleet.inventory import read_inventory
+from gpufleet.fleet.inventory import RawInventory
 from gpufleet.fleet.role_values import ansible_bool
 from gpufleet.fleet.schema import FleetSpec
 from gpufleet.paths import project_root
@@ -78,13 +78,16 @@ def fleet_image(fleet: FleetSpec, variables: Mapping[str, Any], root: Path | Non
     )
 
 
-def inventory_vllm_version_warnings(fleet: FleetSpec) -> list[str]:
-    """:func:`vllm_version_warnings` for a validated fleet, from its inventory's head (the image is one
-    fleet-wide setting). Reads the inventory again: from gpufleet's cache, unless templates or vaults."""
-    raw = read_inventory(fleet.inventory)
+def fleet_vllm_version_warnings(
+    spec: FleetSpec, raw: RawInventory, overrides: Mapping[str, Any] | None = None
+) -> list[str]:
+    """:func:`vllm_version_warnings` for a validated fleet with GPUs (one without is not planned), from its
+    head's variables (the image is one fleet-wide setting) and ``overrides`` (a run's extra variables)."""
+    if not any(node.gpu and node.gpus.count for node in spec.nodes):
+        return []
     head = next(iter(raw.members("ray_head")), None)
-    variables = head.variables if head is not None else {}
-    return vllm_version_warnings(fleet_image(fleet, variables, project_root()))
+    variables = {**(head.variables if head is not None else {}), **(overrides or {})}
+    return vllm_version_warnings(fleet_image(spec, variables, project_root()))
 
 
 def _image(fleet: FleetSpec, reference: str) -> ImageFacts:
