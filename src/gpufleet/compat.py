@@ -11,6 +11,9 @@ Four facts decide whether vLLM can start on a node:
   whether it contains Ray decides the executor;
 - the **GPU** has a compute capability that the image's vLLM must support.
 
+The image's vLLM version is also compared with the release whose logic the memory planner follows
+(:func:`check_vllm_version`): a caveat, not a refusal.
+
 A GeForce card never runs a CUDA newer than its driver's. A datacenter GPU can, with NVIDIA's CUDA
 forward-compatibility package (``cuda-compat-<major>-<minor>``) installed: ``gpufleet_cuda_forward_compat:
 true`` says the fleet has it, and the check then accepts a newer image on datacenter GPUs only.
@@ -59,6 +62,7 @@ class ImageFacts:
     vllm: str | None = None
     ray: str | None = None
     python: str | None = None
+    torch: str | None = None
     min_capability: tuple[int, int] = (7, 0)  # the oldest GPU its vLLM supports
     # NIXL (the `nixl` Python package, with UCX) for vLLM's NixlConnector: prefill/decode disaggregation.
     # None = not known (vLLM's Dockerfile installs it only with INSTALL_KV_CONNECTORS=true).
@@ -66,12 +70,30 @@ class ImageFacts:
     source: str = "table"  # "image config" (read at bundle build), "table" (pinned below), "unknown"
 
 
-def _vllm(tag: str, cuda: str, *, has_ray: bool = True) -> ImageFacts:
-    return ImageFacts(f"vllm/vllm-openai:{tag}", cuda, has_ray, vllm=tag.lstrip("v"))
+def _vllm(
+    tag: str,
+    cuda: str,
+    *,
+    has_ray: bool = True,
+    torch: str | None = None,
+    min_capability: tuple[int, int] = (7, 0),
+) -> ImageFacts:
+    return ImageFacts(
+        f"vllm/vllm-openai:{tag}",
+        cuda,
+        has_ray,
+        vllm=tag.lstrip("v"),
+        torch=torch,
+        min_capability=min_capability,
+    )
 
 
 # vLLM's official images, pinned: the CUDA each is built on (its NVIDIA_REQUIRE_CUDA) and whether it holds
-# Ray (every release below does; images from 0.19.1 on do not, and are judged from the bundle). NIXL is left
+# Ray (every release up to 0.10.2 does; images from 0.19.1 on do not). v0.24.0 is the default image
+# (roles/ray_cluster), the release the planner follows: CUDA 13.0 (vLLM's unsuffixed tags are CUDA 13.0
+# builds since v0.20.0, the `-cu129` tags CUDA 12.9), so it needs the 580 driver branch; torch 2.11.0 (the
+# vllm 0.24.0 wheel's pin); no Ray (the wheel requires none); and, CUDA 13 having dropped Volta, compute
+# capability 7.5 or newer. tests/unit/test_compat.py names the sources of each fact. NIXL is left
 # not known (has_nixl None) for every tag: vLLM's docker/Dockerfile installs requirements/kv_connectors.txt
 # (nixl, with UCX) only when built with INSTALL_KV_CONNECTORS=true (default false), and gpufleet has not
 # confirmed which release images were built so; a prefill/decode fleet is warned, and the GPU proof checks
@@ -89,6 +111,7 @@ VLLM_IMAGES: dict[str, ImageFacts] = {
         _vllm("v0.10.1", "12.8"),
         _vllm("v0.10.1.1", "12.8"),
         _vllm("v0.10.2", "12.8"),
+        _vllm("v0.24.0", "13.0", has_ray=False, torch="2.11.0", min_capability=(7, 5)),
     )
 }
 
@@ -132,6 +155,53 @@ def image_facts(reference: str, from_bundle: ImageFacts | None = None) -> ImageF
     return facts
 
 
+# Images whose tag names the vLLM release they hold: vLLM's own (vllm/vllm-openai:v0.24.0, also a `-cu129`
+# variant or a mirror's copy, registry/vllm/vllm-openai:v0.24.0) and the lab's (gpufleet/vllm-cpu:0.32.0).
+VERSION_TAGGED = re.compile(r"(?:^|/)(?:vllm-openai|vllm-cpu):v?(\d+(?:\.\d+){2,})")
+
+
+def release(version: str) -> str | None:
+    """``0.24.0`` of ``0.24.0``, ``v0.24.0``, ``0.32.0+cpu`` or ``0.24.0.post1``; None without X.Y.Z."""
+    match = re.match(r"v?(\d+)\.(\d+)\.(\d+)", version.strip())
+    return ".".join(match.groups()) if match else None
+
+
+def image_vllm_version(image: ImageFacts) -> tuple[str, str] | None:
+    """The image's vLLM version (without a local ``+cpu``) and where it was learnt: the image itself (the
+    bundle's lock), the pinned table, or the tag; None when none of them says."""
+    if image.vllm and release(image.vllm):
+        version = image.vllm.strip().removeprefix("v").split("+")[0]
+        return version, "the bundle's lock, read from the image" if image.source == "image config" else (
+            "gpufleet's table of vLLM images"
+        )
+    match = VERSION_TAGGED.search(image.reference)
+    return (match[1], "its tag") if match else None
+
+
+def check_vllm_version(image: ImageFacts, planned: str) -> list[Finding]:
+    """A caveat when the image runs another vLLM release than ``planned``, the one the memory plan follows.
+
+    Only the release (X.Y.Z) counts: a post release repackages the same code. Not an error: another release
+    may start with the same settings, but its memory figures (weights, KV-cache blocks, what it refuses) can
+    differ from the plan's.
+    """
+    found = image_vllm_version(image)
+    if found is None or release(found[0]) == release(planned):
+        return []
+    version, source = found
+    return [
+        Finding(
+            "ray_cluster_image",
+            f"{image.reference}, which runs vLLM {version} ({source})",
+            f"vLLM {planned}, the release gpufleet plan predicts (weights, KV-cache blocks and tokens, "
+            f"concurrency and refusals follow its code; vLLM {version} may lay out memory differently)",
+            f"use an image of vLLM {planned} (vllm/vllm-openai:v{planned}), or expect the plan to be "
+            "approximate",
+            error=False,
+        )
+    ]
+
+
 @dataclass(frozen=True)
 class Finding:
     """One mismatch (or, with ``error=False``, a caveat): a sentence naming what, where and the fix."""
@@ -153,8 +223,8 @@ def check_driver_toolkit(driver: str, toolkit: str) -> list[Finding]:
             "nvidia_driver_version",
             f"{driver} with cuda_toolkit_version {toolkit}",
             f"driver {minimum} or newer (CUDA {toolkit}'s minimum)",
-            f"install a driver branch whose CUDA covers {toolkit} (e.g. {_branch_for(toolkit)}), or an older "
-            "cuda_toolkit_version",
+            f"install a driver branch whose CUDA covers {toolkit} (e.g. {driver_branch_for(toolkit)}), or an "
+            "older cuda_toolkit_version",
         )
     ]
 
@@ -200,8 +270,8 @@ def check_image(
                     f"{image.reference}, which needs CUDA {image.cuda}, with nvidia_driver_version {driver} "
                     f"(newest CUDA {newest}){where}",
                     f"a driver whose CUDA is {image.cuda} or newer",
-                    f"set nvidia_driver_version to a {_branch_for(image.cuda)} driver or newer, or pin an "
-                    f"image built for CUDA {newest} or older",
+                    f"set nvidia_driver_version to a {driver_branch_for(image.cuda)} driver or newer, or pin "
+                    f"an image built for CUDA {newest} or older",
                 )
             )
     for host, model in gpus:
@@ -250,7 +320,7 @@ def check_executor(executor: str, image: ImageFacts, start_ray: object = "auto")
     return executor, []
 
 
-def _branch_for(cuda: str) -> str:
+def driver_branch_for(cuda: str) -> str:
     """The oldest driver branch whose CUDA covers ``cuda``, e.g. "570"."""
     for branch, newest in sorted(DRIVER_BRANCH_CUDA.items()):
         if parse_version(newest) >= parse_version(cuda):

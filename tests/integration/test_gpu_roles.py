@@ -122,7 +122,7 @@ def test_lab_mode_reports_skips_and_predicts_the_cuda_version(host: DriverHost) 
     assert recap(applied)["changed"] == 0 and recap(applied)["failed"] == 0, applied.stdout[-4000:]
     text = " ".join(applied.stdout.split())
     assert "gpufleet_gpu is false on node1: install, configure and verify are skipped." in text
-    assert "nvidia_driver_cuda_version 12.8 (predicted from nvidia_driver_branch 570" in text
+    assert "nvidia_driver_cuda_version 13.0 (predicted from nvidia_driver_branch 580" in text
     assert not host.exists("/etc/modprobe.d/gpufleet-blacklist-nouveau.conf")
 
 

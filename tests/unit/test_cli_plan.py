@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.commands import plan as plan_command
+from gpufleet.planner.vllm_archs import VLLM_VERSION
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 QWEN3 = str(DATA / "models" / "Qwen3-8B")
@@ -259,6 +260,8 @@ def test_inventory_is_planned(gpufleet: Run, capsys: pytest.CaptureFixture[str])
     assert (data["tensor_parallel_size"], data["max_model_len"]) == (2, 8192)
     assert data["gpu_memory_gib"] == 23.69  # the smallest GPU decides
     assert data["gpu_name"] == "NVIDIA GeForce RTX 3090 on gpu-head-01"
+    # The plan names the vLLM it predicts; the default image runs that one, so no warning says otherwise.
+    assert data["vllm_version"] == VLLM_VERSION
     assert [warning.split(" (", 1)[0] for warning in data["warnings"]] == ["GPUs differ"]
     # 28 layers, K and V, 2 KV heads split over TP 2 = 1 per GPU, head_dim 128, 2 bytes.
     assert data["kv_bytes_per_token_per_gpu"] == 2 * 28 * 1 * 128 * 2

@@ -9,11 +9,13 @@ import pytest
 import yaml
 
 from gpufleet.compat import (
+    CUDA_MIN_DRIVER,
     ImageFacts,
     check_driver_toolkit,
     check_executor,
     check_image,
     cuda_from_requirement,
+    driver_branch_for,
     driver_cuda,
     gpu_capability,
     image_facts,
@@ -25,10 +27,14 @@ SEED = [("gpu-head-01", "NVIDIA GeForce RTX 3090"), ("gpu-worker-01", "NVIDIA H8
 H800 = [("gpu-worker-01", "NVIDIA H800")]
 V0101 = image_facts("vllm/vllm-openai:v0.10.1.1")
 V085 = image_facts("vllm/vllm-openai:v0.8.5")
+V0240 = image_facts("vllm/vllm-openai:v0.24.0")  # the default (roles/ray_cluster, inventories/prod)
 
 # The README's table: driver, toolkit, image, GPUs, forward compat, accepted?
 ROWS = [
-    ("570.172.08", "12.4", V0101, SEED, False, True),  # the default of inventories/prod
+    ("580.95.05", "12.4", V0240, SEED, False, True),  # the default of inventories/prod
+    ("570.172.08", "12.4", V0240, SEED, False, False),  # the 570 branch runs CUDA 12.8, the image needs 13.0
+    ("570.172.08", "12.4", V0240, H800, True, True),  # ... a datacenter GPU with cuda-compat runs it
+    ("570.172.08", "12.4", V0101, SEED, False, True),  # the default before v0.24.0
     ("580.65.06", "12.4", V0101, SEED, False, True),
     ("550.163.01", "12.4", V085, SEED, False, True),
     ("550.163.01", "12.4", V0101, SEED, False, False),  # the old default pair
@@ -44,6 +50,29 @@ def test_versions_table(row: tuple[str, str, ImageFacts, list[tuple[str, str]], 
     findings = check_image(image, driver, gpus, forward_compat=compat) + check_driver_toolkit(driver, toolkit)
     errors = [finding for finding in findings if finding.error]
     assert (not errors) is accepted, errors
+
+
+def test_the_default_image_row_is_the_images_own_metadata() -> None:
+    """vllm/vllm-openai:v0.24.0, pinned to what its sources say (checked 2026-12-02):
+
+    - CUDA 13.0: vLLM's unsuffixed image tags and wheels are CUDA 13.0 builds since v0.20.0, the `-cu129`
+      tags CUDA 12.9 (vllm-project/vllm#39878, "Switch default CUDA to 13.0 ... aligns with torch 2.11");
+      docker/Dockerfile builds FROM nvidia/cuda:${CUDA_VERSION}-base (ARG CUDA_VERSION=13.0.x on main after
+      it), whose NVIDIA_REQUIRE_CUDA is cuda>=13.0. The PyPI wheel vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64
+      (sha256 2d2831ae...22cf, commit gee0da84ab) agrees: vllm/envs.py VLLM_MAIN_CUDA_VERSION = "13.0", its
+      _C_stable_libtorch.abi3.so needs libcudart.so.13, and it requires nvidia-cutlass-dsl[cu13].
+    - torch 2.11.0: that wheel's METADATA, Requires-Dist: torch==2.11.0 (2.11.0+cu130 on the GPU machine,
+      tests/gpu/README.md).
+    - no Ray: the wheel's METADATA requires no ray (extras included).
+    - compute capability 7.5 or newer: CUDA 13.0 builds no Volta (7.0) code; the Dockerfile's
+      torch_cuda_arch_list starts at 7.5.
+    - the driver: CUDA 13.0 needs the 580 branch, at least 580.65.06 (NVIDIA's CUDA 13.0 GA release notes).
+    """
+    assert (V0240.cuda, V0240.has_ray, V0240.vllm, V0240.torch) == ("13.0", False, "0.24.0", "2.11.0")
+    assert V0240.min_capability == (7, 5) and V0240.source == "table"
+    assert driver_branch_for("13.0") == "580" and CUDA_MIN_DRIVER["13.0"] == "580.65.06"
+    (refused,) = check_image(V0240, "570.172.08", SEED)
+    assert "CUDA 13.0" in refused.found and "580" in refused.fix
 
 
 def test_the_old_default_pair_is_refused_naming_driver_image_gpu_and_fix() -> None:
@@ -100,7 +129,7 @@ def test_gpu_capability(name: str, capability: tuple[int, int] | None) -> None:
 
 
 def test_executor_auto_follows_the_image_and_ray_without_ray_is_refused() -> None:
-    no_ray = ImageFacts("vllm/vllm-openai:v0.24.0", "12.9", False)
+    no_ray = V0240
     assert check_executor("auto", V0101) == ("ray", [])
     assert check_executor("auto", no_ray) == ("mp", [])
     _, findings = check_executor("ray", no_ray)

@@ -165,11 +165,19 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
             rollback=args.rollback,
         )
-        # Planned only now, and only when vLLM reported facts to compare with.
-        plan = planned(fleet) if report.vllm is not None else None
-        return report.compared_with(plan) if plan is not None else report
+        return finished(report, fleet, args)
 
     return run_reporting(call, print_deploy_report, as_json=args.json)
+
+
+def finished(report: DeployReport, fleet: Fleet, args: argparse.Namespace) -> DeployReport:
+    """The run's report with what the planner adds: vLLM's facts against its prediction, and the warning of
+    an image that runs another vLLM release than the one it predicts."""
+    # Planned only now, and only when vLLM reported facts to compare with.
+    plan = planned(fleet) if report.vllm is not None else None
+    report = report.compared_with(plan) if plan is not None else report
+    caveats = image_caveats(fleet, signer_variables(args), args.bundle)
+    return report.model_copy(update={"warnings": (*report.warnings, *caveats)}) if caveats else report
 
 
 def run_reporting(
@@ -212,6 +220,21 @@ def planned(inventory: Path | Fleet) -> PlanFigures | None:
         return plan(fleet.plan_request())
     except (ImportError, InventoryError, ValueError):
         return None
+
+
+def image_caveats(fleet: Fleet, extra_vars: dict[str, Any], bundle: Path | None) -> list[str]:
+    """``gpufleet validate``'s warning when the image runs another vLLM than the planner's, for the image
+    this run deployed (``-e ray_cluster_image`` and ``--bundle`` over the inventory's); none for a fleet
+    that is not valid (deploy refused it) or has no GPUs (not planned)."""
+    from gpufleet.fleet.compatibility import fleet_vllm_version_warnings  # noqa: PLC0415
+
+    checked = fleet.validate()  # itself: the run loaded it validated
+    if checked.spec is None or checked.raw is None:
+        return []
+    spec = (
+        checked.spec if bundle is None else checked.spec.model_copy(update={"bundle_dir": bundle.resolve()})
+    )
+    return fleet_vllm_version_warnings(spec, checked.raw, extra_vars)
 
 
 def _refuse(message: str, as_json: bool, *, code: int, suffix: str = "") -> int:

@@ -54,7 +54,8 @@ def register(subparsers: Any) -> None:
         description=(
             "Plan from --model and flags, or from an inventory (-i). Exit 0 when vLLM should start, 1 when "
             "the plan has errors, 2 for a usage error. Figures vLLM measures at start-up are estimates and "
-            "are marked as such."
+            "are marked as such. The plan follows one vLLM release (its title and vllm_version say which); "
+            "with -i it warns when the fleet's image runs another."
         ),
     )
     parser.add_argument("--model", metavar="DIR_OR_CONFIG_JSON", help="model directory or its config.json")
@@ -103,7 +104,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        request = _inventory_request(args) if args.inventory else _model_request(args)
+        request, caveats = _inventory_request(args) if args.inventory else (_model_request(args), [])
     except UsageError as error:
         return refuse([str(error)], code=2, as_json=args.json, prefix="gpufleet plan: ")
     except UnplannableInventoryError as error:
@@ -113,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
     except PlannerInputError as error:
         code = 1 if args.inventory else 2
         return refuse([str(error)], code=code, as_json=args.json, prefix="gpufleet plan: ")
+    if caveats:  # about the fleet around the plan (its image's vLLM release): shown with the plan's own
+        result = result.model_copy(update={"warnings": [*result.warnings, *caveats]})
     from gpufleet.planner import report as plan_report  # noqa: PLC0415  (rich loads only when something is shown)
 
     if args.json:
@@ -124,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
     return 1 if result.errors else 0
 
 
-def _inventory_request(args: argparse.Namespace) -> PlanRequest:
+def _inventory_request(args: argparse.Namespace) -> tuple[PlanRequest, list[str]]:
+    """The planner's input for the inventory, and the caveats about its fleet (an image of another vLLM)."""
     if args.model:
         raise UsageError("--model and -i/--inventory exclude each other; pass one of them")
     given = [_flag(name) for name in MODEL_ONLY if getattr(args, name, None) is not None]
@@ -134,13 +138,17 @@ def _inventory_request(args: argparse.Namespace) -> PlanRequest:
     if not path.exists():
         raise UsageError(f"-i {path}: no such file or directory; pass an inventory file or directory")
     # InventoryError lives in gpufleet.problems; gpufleet.fleet.inventory raises it. Imported here: ansible.
-    from gpufleet.fleet import plan_request_for_inventory  # noqa: PLC0415
+    from gpufleet.fleet import load  # noqa: PLC0415
+    from gpufleet.fleet.compatibility import fleet_vllm_version_warnings  # noqa: PLC0415
     from gpufleet.problems import InventoryError  # noqa: PLC0415
 
+    fleet = load(path)  # read and validated once: the request and the caveats come from the same reading
     try:
-        return plan_request_for_inventory(path)
+        request = fleet.plan_request()
     except InventoryError as error:
         raise UnplannableInventoryError(str(error)) from error
+    assert fleet.spec is not None and fleet.raw is not None  # plan_request() raised otherwise
+    return request, fleet_vllm_version_warnings(fleet.spec, fleet.raw)
 
 
 def _model_request(args: argparse.Namespace) -> PlanRequest:

@@ -2,7 +2,8 @@
 
 Values come from the inventory, else from the roles' defaults; the image's facts from the bundle's lock
 when the fleet deploys from a bundle (read from the image itself when it was built), else from the pinned
-table of vLLM releases. Hosts without GPUs (``gpufleet_gpu: false``, the lab) are not judged on CUDA.
+table of vLLM releases. Hosts without GPUs (``gpufleet_gpu: false``, the lab) are not judged on CUDA, and
+their fleet is not planned, so neither is the image's vLLM release compared with the planner's.
 """
 
 from __future__ import annotations
@@ -14,9 +15,19 @@ from typing import Any
 
 import yaml
 
-from gpufleet.compat import ImageFacts, check_driver_toolkit, check_executor, check_image, image_facts
+from gpufleet.compat import (
+    ImageFacts,
+    check_driver_toolkit,
+    check_executor,
+    check_image,
+    check_vllm_version,
+    image_facts,
+)
+from gpufleet.fleet.inventory import RawInventory
 from gpufleet.fleet.role_values import ansible_bool
 from gpufleet.fleet.schema import FleetSpec
+from gpufleet.paths import project_root
+from gpufleet.planner.vllm_archs import VLLM_VERSION
 from gpufleet.problems import Problem
 
 # Inventory variable -> the role whose defaults hold its value when the inventory does not set it.
@@ -39,7 +50,7 @@ class Compatibility:
 def check_compatibility(fleet: FleetSpec, variables: Mapping[str, Any], root: Path | None) -> Compatibility:
     """Every mismatch between the fleet's driver, toolkit, image, executor and GPUs."""
     value = _values(variables, root)
-    image = image_facts(str(value["ray_cluster_image"]), _from_bundle(fleet, str(value["ray_cluster_image"])))
+    image = _image(fleet, str(value["ray_cluster_image"]))
     executor, findings = check_executor(
         str(value.get("vllm_service_executor") or "auto"), image, value.get("ray_cluster_start_ray", "auto")
     )
@@ -54,7 +65,41 @@ def check_compatibility(fleet: FleetSpec, variables: Mapping[str, Any], root: Pa
         Problem("group gpu_nodes", f.variable, f.found, f.expected, f.fix) for f in findings if f.error
     ]
     warnings = [f"{f.variable}: {f.found}; {f.expected}. {f.fix}" for f in findings if not f.error]
+    if gpus:  # the fleet gets a memory plan (validation plans GPU nodes only)
+        warnings += vllm_version_warnings(image)
     return Compatibility(problems, warnings, executor)
+
+
+def fleet_image(fleet: FleetSpec, variables: Mapping[str, Any], root: Path | None) -> ImageFacts:
+    """The facts of the image the fleet runs (``ray_cluster_image``, else the role's default)."""
+    name = "ray_cluster_image"
+    return _image(
+        fleet, str(variables[name] if name in variables else _role_default(root, "ray_cluster", name))
+    )
+
+
+def fleet_vllm_version_warnings(
+    spec: FleetSpec, raw: RawInventory, overrides: Mapping[str, Any] | None = None
+) -> list[str]:
+    """:func:`vllm_version_warnings` for a validated fleet with GPUs (one without is not planned), from its
+    head's variables (the image is one fleet-wide setting) and ``overrides`` (a run's extra variables)."""
+    if not any(node.gpu and node.gpus.count for node in spec.nodes):
+        return []
+    head = next(iter(raw.members("ray_head")), None)
+    variables = {**(head.variables if head is not None else {}), **(overrides or {})}
+    return vllm_version_warnings(fleet_image(spec, variables, project_root()))
+
+
+def _image(fleet: FleetSpec, reference: str) -> ImageFacts:
+    return image_facts(reference, _from_bundle(fleet, reference))
+
+
+def vllm_version_warnings(image: ImageFacts) -> list[str]:
+    """One line when the image's vLLM release differs from the planner's (``gpufleet plan`` says it too)."""
+    return [
+        str(Problem("group gpu_nodes", f.variable, f.found, f.expected, f.fix))
+        for f in check_vllm_version(image, VLLM_VERSION)
+    ]
 
 
 def _values(variables: Mapping[str, Any], root: Path | None) -> dict[str, Any]:
@@ -89,6 +134,6 @@ def _from_bundle(fleet: FleetSpec, reference: str) -> ImageFacts | None:
         if f"{image.name}:{image.tag}" == reference and read:  # a lock from before gpufleet read images
             return ImageFacts(
                 reference, image.cuda, image.ray is not None, image.vllm, image.ray, image.python,
-                source="image config",
+                torch=image.torch, source="image config",
             )  # fmt: skip
     return None
