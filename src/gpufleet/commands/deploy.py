@@ -30,9 +30,11 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "deploy",
         help="run the stages on the inventory's hosts and report what vLLM serves",
-        description="Validate the inventory, then run the stages in order ("
+        description="Validate the inventory with the -e values over it (whichever stages run), then run the "
+        "stages in order ("
         + " → ".join(STAGES)
-        + "); a failing stage stops the run. Exit 0 deployed, 1 a stage failed, 2 usage error.",
+        + "); a failing stage stops the run. A --limit part that selects no host is refused, naming it. "
+        "Exit 0 deployed, 1 a stage failed or the inventory is invalid, 2 usage error.",
     )
     parser.add_argument("-i", "--inventory", type=Path, required=True, help="inventory file or directory")
     parser.add_argument(

@@ -15,7 +15,8 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "teardown",
         help="stop the vLLM service and the Ray cluster (artifacts stay for the next deploy)",
-        description="Runs playbooks/teardown.yml. Exit 0 stopped, 1 a host failed, 2 usage error.",
+        description="Runs playbooks/teardown.yml (an unreadable inventory, or a --limit part that selects no "
+        "host, is refused before anything connects). Exit 0 stopped, 1 a host failed, 2 usage error.",
     )
     parser.add_argument("-i", "--inventory", type=Path, required=True, help="inventory file or directory")
     parser.add_argument("--limit", metavar="PATTERN", help="only these hosts (Ansible --limit)")
