@@ -5,31 +5,43 @@
 
 ``HOST=IP`` uses IP for SSH and for the cluster network; ``HOST=SSH_IP,NODE_IP`` gives them apart. Tensor
 parallelism spans the GPUs of a node and pipeline parallelism the nodes, as vLLM advises for multi-node
-serving. What it writes validates, and ``gpufleet plan`` runs on it (with ``--model-config``). It never
-overwrites a file without ``--force``.
+serving. It writes only what ``gpufleet validate`` accepts: the files are rendered in memory, every given
+value as a YAML scalar that reads back as itself, and checked as validate checks them
+(:mod:`gpufleet.commands.init_check`) before the first is written; ``gpufleet plan`` runs on them (with
+``--model-config``). It never overwrites a file without ``--force``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import json
+import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from gpufleet.commands.output import refuse
+from gpufleet.fleet.schema import REPO_PATTERN
 from gpufleet.paths import project_root
 
-HOSTNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-MODEL = re.compile(r"^[\w.-]+/[\w.-]+$")
 TEMPLATES = Path("templates", "inventory")
+# A plain YAML scalar that cannot be a key, a comment or a flow collection; safe_load tells whether YAML
+# reads it as a string (true, null, 123 and 1:2:3 are not strings).
+PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_./-]*")
 
 
 class InitError(Exception):
-    """A usage problem, said as one line: what, where, the fix."""
+    """Usage problems, each said as one line: what, where, the fix."""
+
+    def __init__(self, *lines: str) -> None:
+        self.lines = [str(line) for line in lines]
+        super().__init__("\n".join(self.lines))
 
 
 @dataclass(frozen=True)
@@ -70,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         written = write_inventory(args)
     except InitError as error:
-        return refuse([str(error)], code=2, as_json=args.json)
+        return refuse(error.lines, code=2, as_json=args.json)
     if args.json:
         print(json.dumps({"ok": True, "inventory": str(args.directory), "written": written}, indent=2))
     else:
@@ -81,8 +93,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def write_inventory(args: argparse.Namespace) -> list[str]:
-    """Render every template into ``args.directory``; the paths written, or InitError before any write."""
+    """Render every template into ``args.directory``; the paths written, or InitError before any write:
+    when an argument cannot be read, a file exists (without --force), or validation refuses what would be
+    written."""
     import jinja2  # noqa: PLC0415  (only this command renders)
+
+    from gpufleet.commands.init_check import check  # noqa: PLC0415  (imports ansible: only when run)
 
     context = _context(args)
     root = project_root()
@@ -114,15 +130,68 @@ def write_inventory(args: argparse.Namespace) -> list[str]:
         keep_trailing_newline=True,
         autoescape=False,  # YAML, not HTML
     )
-    for source, target in zip(sources, targets, strict=True):
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(
-            env.get_template(str(source.relative_to(templates))).render(context), encoding="utf-8"
-        )
+    texts = {
+        source.relative_to(templates).with_suffix(""): env.get_template(
+            str(source.relative_to(templates))
+        ).render(context)
+        for source in sources
+    }
+    # Checked as `-i DIR/hosts.yml`: DIR must exist for a relative --model-config to be found from it.
+    created = [folder for folder in (args.directory, *args.directory.parents) if not folder.exists()]
+    try:
+        args.directory.mkdir(parents=True, exist_ok=True)
+        problems = check(args.directory, texts, context["intended"])
+        if problems:
+            raise InitError(*map(str, problems))
+        for text, target in zip(texts.values(), targets, strict=True):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text, encoding="utf-8")
+    except OSError as error:
+        _remove(created)
+        raise InitError(
+            f"gpufleet init: DIR: found {error.filename or args.directory}: {error.strerror}; expected a "
+            "directory init may write. Fix: choose another DIR, or make it writable"
+        ) from None
+    except BaseException:
+        _remove(created)
+        raise
     return [str(target) for target in targets]
 
 
+def _remove(created: list[Path]) -> None:
+    """Remove the (empty) directories this run created, innermost first: a refusal leaves nothing behind."""
+    for folder in created:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+def yaml_scalar(value: str) -> str:
+    """``value`` as a YAML scalar that reads back as the same string: plain when it is one, else in double
+    quotes (JSON's string escapes are YAML's)."""
+    if PLAIN.fullmatch(value) and yaml.safe_load(value) == value:
+        return value
+    return json.dumps(value)
+
+
+def yaml_number(value: float) -> str:
+    """A float as YAML writes it (``.inf``, ``.nan``: Python's ``inf`` would be read as a string)."""
+    if math.isnan(value):
+        return ".nan"
+    if math.isinf(value):
+        return ".inf" if value > 0 else "-.inf"
+    return repr(value)
+
+
 def _context(args: argparse.Namespace) -> dict[str, Any]:
+    """What the templates need, every given string as a YAML scalar; InitError for arguments that cannot be
+    read at all. Whether the values are valid is validation's to say (:func:`write_inventory`)."""
+    from gpufleet.commands.init_check import Intended  # noqa: PLC0415
+
+    if not str(args.directory).isprintable():
+        raise InitError(
+            f"gpufleet init: DIR: found {str(args.directory)!r}; expected a path of printable characters "
+            "(init writes it into the files' comments). Fix: choose another DIR"
+        )
     nodes = [_node(args.head, head=True), *(_node(spec, head=False) for spec in args.worker)]
     for what in ("name", "ssh_ip", "node_ip"):
         values = [getattr(node, what) for node in nodes]
@@ -131,19 +200,12 @@ def _context(args: argparse.Namespace) -> dict[str, Any]:
                 f"gpufleet init: --head/--worker: found {what.replace('_', ' ')} {', '.join(dupes)} "
                 "more than once; expected each host once. Fix: give every host its own name and addresses"
             )
-    if not MODEL.match(args.model) or any(part.startswith(".") for part in args.model.split("/")):
+    # The model's name is written inside a path (gpufleet_model_dir): checked first, with the schema's rule.
+    if not re.fullmatch(REPO_PATTERN, args.model):
         raise InitError(
-            f"gpufleet init: --model: found {args.model!r}; expected ORG/NAME. Fix: e.g. Qwen/Qwen3-8B"
-        )
-    if args.gpus_per_node < 1:
-        raise InitError(
-            f"gpufleet init: --gpus-per-node: found {args.gpus_per_node}; expected 1 or more. "
-            "Fix: give the number of GPUs in each node, e.g. --gpus-per-node 8"
-        )
-    if args.gpu_memory_gib is not None and not 0 < args.gpu_memory_gib < 10_000:
-        raise InitError(
-            f"gpufleet init: --gpu-memory-gib: found {args.gpu_memory_gib}; expected a finite number of GiB "
-            "above 0. Fix: give one GPU's memory as CUDA reports it, e.g. --gpu-memory-gib 79.18"
+            f"gpufleet init: --model (gpufleet_model_repo): found {args.model!r}; expected ORG/NAME "
+            "(letters, digits, '_', '.' and '-', each part starting with a letter or a digit). "
+            "Fix: e.g. --model Qwen/Qwen3-8B"
         )
     model_config = None
     if args.model_config is not None:
@@ -155,18 +217,42 @@ def _context(args: argparse.Namespace) -> dict[str, Any]:
         _check_model_config(args.model_config)
         model_config = os.path.relpath(args.model_config.resolve(), args.directory.resolve())
     name = args.model.split("/", 1)[1]
+    memory = args.gpu_memory_gib
+    per_host: dict[str, object] = {
+        "gpufleet_nic": args.nic,
+        "gpufleet_gpu_count": args.gpus_per_node,
+        "gpufleet_gpu_model": args.gpu,
+    } | ({} if memory is None else {"gpufleet_gpu_memory_gib": memory})
+    intended = Intended(
+        head=nodes[0].name,
+        hosts={
+            node.name: {"ansible_host": node.ssh_ip, "gpufleet_node_ip": node.node_ip, **per_host}
+            for node in nodes
+        },
+        fleet_wide={"gpufleet_model_repo": args.model},
+    )
+    quoted = [
+        replace(
+            node,
+            name=yaml_scalar(node.name),
+            ssh_ip=yaml_scalar(node.ssh_ip),
+            node_ip=yaml_scalar(node.node_ip),
+        )
+        for node in nodes
+    ]
     return {
+        "intended": intended,
         "directory": str(args.directory),
-        "nodes": nodes,
-        "workers": [node for node in nodes if not node.head],
-        "nic": args.nic,
-        "gpu": json.dumps(args.gpu),  # a YAML-safe scalar, whatever the name holds
+        "nodes": quoted,
+        "workers": [node for node in quoted if not node.head],
+        "nic": yaml_scalar(args.nic),
+        "gpu": yaml_scalar(args.gpu),
         "gpus_per_node": args.gpus_per_node,
-        "gpu_memory_gib": args.gpu_memory_gib,
-        "model": args.model,
+        "gpu_memory_gib": None if memory is None else yaml_number(memory),
+        "model": yaml_scalar(args.model),
         "model_name": name,
         "model_config": json.dumps(model_config) if model_config else None,
-        "served_model_name": name.lower(),
+        "served_model_name": yaml_scalar(name.lower()),
         "tensor_parallel_size": args.gpus_per_node,
         "pipeline_parallel_size": len(nodes),
         "world_size": args.gpus_per_node * len(nodes),
@@ -182,6 +268,11 @@ def _check_model_config(path: Path) -> None:
         raise InitError(
             f"gpufleet init: --model-config: {path}: found bytes that are not UTF-8 at offset {error.start}; "
             f"expected the model's config.json (JSON text). {fix}"
+        ) from None
+    except RecursionError:
+        raise InitError(
+            f"gpufleet init: --model-config: {path}: found JSON nested too deep to read; expected the "
+            f"model's config.json (a JSON object a few levels deep). {fix}"
         ) from None
     except (OSError, ValueError) as error:
         raise InitError(
@@ -200,7 +291,7 @@ def _node(spec: str, *, head: bool) -> Node:
     name, sep, addresses = spec.partition("=")
     ssh_ip, _, node_ip = addresses.partition(",")
     node_ip = node_ip or ssh_ip
-    if not sep or not HOSTNAME.match(name):
+    if not sep or not name:  # the name's rules are validation's (gpufleet.fleet.host_names)
         raise InitError(
             f"gpufleet init: {option}: found {spec!r}; expected HOST=IP or HOST=SSH_IP,NODE_IP. "
             f"Fix: e.g. {option} gpu-node-01=192.0.2.10"

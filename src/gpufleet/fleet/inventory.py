@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from gpufleet.fleet.yaml_guard import MAX_FILE_BYTES, hazard, read_capped
 from gpufleet.paths import project_root
 from gpufleet.problems import InventoryError, Problem
 
@@ -119,16 +120,49 @@ def cache_dir() -> Path:
 
 
 def _scan(path: Path) -> dict[Path, bytes]:
-    """Every file Ansible reads for ``path`` (a directory's tree; beside a hosts file, its group_vars and
-    host_vars), with its bytes, each read once (b"" for one that cannot be read)."""
-    roots = [path] if path.is_dir() else [path, path.parent / "group_vars", path.parent / "host_vars"]
+    """Every file Ansible may read for ``path``, with its bytes, each read once (b"" for one that cannot be
+    read; at most ``yaml_guard.MAX_FILE_BYTES + 1`` bytes of a larger one, refused before Ansible reads it).
+
+    A directory's whole tree, whatever the extension (which ones Ansible skips is its configuration's
+    choice: gpufleet's ansible.cfg reads ``hosts.ini``, Ansible's default does not); beside a hosts file, its
+    group_vars and host_vars, the only vars directories Ansible reads for an inventory without a playbook.
+    Symlinked directories are followed, as Ansible follows them; hidden files are left out, as Ansible
+    leaves them out."""
     files: dict[Path, bytes] = {}
-    for file in (file for root in roots if root.exists() for file in _read_by_ansible(root)):
+    for file in (file for root in _roots(path) for file in _files_under(root)):
         try:
-            files[file] = file.read_bytes()
+            files[file] = read_capped(file)
         except OSError:
             files[file] = b""
     return files
+
+
+def _roots(path: Path) -> list[Path]:
+    """The inventory directory; or the hosts file with the group_vars and host_vars beside it."""
+    return [path] if path.is_dir() else [path, path.parent / "group_vars", path.parent / "host_vars"]
+
+
+def _files_under(root: Path) -> list[Path]:
+    """``root`` itself when it is a file; else every file under it that is not hidden, sorted, following
+    symlinked directories (``Path.rglob`` does not), each real directory once (a symlink loop ends)."""
+    if not root.is_dir():
+        return [root] if root.is_file() else []
+    found: list[Path] = []
+    seen: set[Path] = set()
+    folders = [root]
+    while folders:  # a stack, not recursion: a tree may be deeper than Python's recursion limit
+        folder = folders.pop()
+        real = folder.resolve()
+        if real in seen:
+            continue
+        seen.add(real)
+        try:
+            children = sorted(child for child in folder.iterdir() if not child.name.startswith("."))
+        except OSError:
+            continue
+        folders += [child for child in children if child.is_dir()]
+        found += [child for child in children if child.is_file()]
+    return sorted(found)
 
 
 def _cache_key(path: Path, files: Mapping[Path, bytes] | None = None) -> str | None:
@@ -152,6 +186,8 @@ def _cache_key(path: Path, files: Mapping[Path, bytes] | None = None) -> str | N
     for file, data in (_scan(path) if files is None else files).items():
         if os.access(file, os.X_OK) or any(mark in data for mark in UNCACHEABLE):
             return None
+        if len(data) > MAX_FILE_BYTES:
+            return None  # only its start was read; yaml_guard refuses it
         digest.update(f"file {file} {len(data)}\0".encode() + data)
     configs = [Path(os.environ.get("ANSIBLE_CONFIG", "ansible.cfg"))] + [
         Path(name).expanduser() for name in ANSIBLE_CONFIGS
@@ -168,13 +204,40 @@ def _cache_key(path: Path, files: Mapping[Path, bytes] | None = None) -> str | N
 def _cache_read(key: str, path: Path) -> RawInventory | None:
     try:
         data = json.loads((cache_dir() / "inventory" / f"{key}.json").read_text(encoding="utf-8"))
-        return RawInventory(
-            path=path,
-            hosts=tuple(RawHost(h["name"], frozenset(h["groups"]), h["variables"]) for h in data["hosts"]),
-            problems=tuple(Problem(**problem) for problem in data["problems"]),
-        )
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # absent, or written by something else: read through Ansible and write it again
+        return _entry(data, path)
+    except (OSError, ValueError, TypeError):
+        return None  # absent, or not what _cache_write writes: read through Ansible and write it again
+
+
+PROBLEM_FIELDS = frozenset(field.name for field in dataclasses.fields(Problem))
+
+
+def _entry(data: Any, path: Path) -> RawInventory:
+    """The reading a cache entry holds, checked to be of the shape :func:`_cache_write` writes (TypeError
+    otherwise): the cache directory is the user's, and a half-written or edited entry must never answer."""
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), list) for k in ("hosts", "problems")):
+        raise TypeError("not a cache entry")
+    hosts = []
+    for host in data["hosts"]:
+        if not (
+            isinstance(host, dict)
+            and isinstance(host.get("name"), str)
+            and isinstance(host.get("groups"), list)
+            and all(isinstance(group, str) for group in host["groups"])
+            and isinstance(host.get("variables"), dict)
+        ):
+            raise TypeError("not a host of a cache entry")
+        hosts.append(RawHost(host["name"], frozenset(host["groups"]), host["variables"]))
+    problems = []
+    for problem in data["problems"]:
+        if not (
+            isinstance(problem, dict)
+            and set(problem) == PROBLEM_FIELDS
+            and all(isinstance(value, str) for value in problem.values())
+        ):
+            raise TypeError("not a problem of a cache entry")
+        problems.append(Problem(**problem))
+    return RawInventory(path=path, hosts=tuple(hosts), problems=tuple(problems))
 
 
 def _cache_write(key: str, inventory: RawInventory) -> None:
@@ -396,12 +459,10 @@ _DuplicateKeyLoader.add_multi_constructor("!", lambda loader, suffix, node: None
 
 
 def _inventory_files(path: Path) -> Iterator[Path]:
-    if path.is_file():
-        yield path
-        return
-    for candidate in sorted(path.rglob("*")):
-        if candidate.is_file() and candidate.suffix in (".yml", ".yaml"):
-            yield candidate
+    for root in _roots(path):
+        for candidate in _files_under(root):
+            if candidate == path or candidate.suffix in (".yml", ".yaml"):
+                yield candidate
 
 
 def _decode(file: Path, data: bytes) -> tuple[str | None, Problem | None]:
@@ -426,7 +487,9 @@ def _decode(file: Path, data: bytes) -> tuple[str | None, Problem | None]:
 # (Ansible's ini plugin would read each as a host named after the secret). gpufleet's ansible.cfg lists them
 # in ignore_extensions; _skip_secrets adds them to InventoryManager's pattern whatever the ansible.cfg.
 SECRET_EXTENSIONS = (".apikey", ".grafana-password")
-# Extensions Ansible skips in an inventory directory (INVENTORY_IGNORE_EXTS); every other file it reads.
+# Extensions Ansible skips in an inventory directory with gpufleet's ansible.cfg (ignore_extensions: Ansible's
+# INVENTORY_IGNORE_EXTS less .ini, plus the secrets); every other file it reads. The cache key does not rely
+# on this list (another ansible.cfg may differ): it covers every file (_scan).
 ANSIBLE_SKIPS = (
     *SECRET_EXTENSIONS,
     ".pyc",
@@ -439,30 +502,31 @@ ANSIBLE_SKIPS = (
     ".txt",
     ".rst",
     ".orig",
-    ".ini",
     ".cfg",
     ".retry",
 )
 
 
 def _read_by_ansible(path: Path) -> Iterator[Path]:
-    if path.is_file():
-        yield path
-        return
-    for candidate in sorted(path.rglob("*")):
-        hidden = any(part.startswith(".") for part in candidate.relative_to(path).parts)
-        if candidate.is_file() and not hidden and not candidate.name.endswith(ANSIBLE_SKIPS):
-            yield candidate
+    for root in _roots(path):
+        for candidate in _files_under(root):
+            if candidate == path or not candidate.name.endswith(ANSIBLE_SKIPS):
+                yield candidate
 
 
 def _duplicate_keys(path: Path, files: Mapping[Path, bytes] | None = None) -> Iterator[Problem]:
-    """Unreadable files (as -i problems), YAML files that are not mappings (-i too: Ansible stops on them
-    with "failed to combine variables", naming no file), and keys defined twice; from ``files``
-    (:func:`_scan`, read here when not given), which holds every file under ``path``."""
+    """Unreadable files and YAML hazards (as -i problems: read_inventory stops before Ansible reads them),
+    YAML files that are not mappings (-i too: Ansible stops on them with "failed to combine variables",
+    naming no file), and keys defined twice; from ``files`` (:func:`_scan`, read here when not given), which
+    holds every file under ``path``."""
     files = _scan(path) if files is None else files
     texts: dict[Path, str] = {}
     for file in _read_by_ansible(path):
-        text, problem = _decode(file, files.get(file, b""))
+        data = files.get(file, b"")
+        problem = hazard(file, data)  # an alias bomb, deep nesting or a huge file: before any YAML loader
+        text = None
+        if problem is None:
+            text, problem = _decode(file, data)
         if problem is not None:
             yield problem
         elif text is not None:
