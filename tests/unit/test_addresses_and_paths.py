@@ -101,3 +101,14 @@ def test_the_role_refuses_the_same_directories() -> None:
     assert tuple(role["__model_fetch_system_dirs"]) == SYSTEM_DIRS
     assert tuple(role["__model_fetch_system_trees"]) == SYSTEM_TREES
     assert all(tree.count("/") == 1 for tree in SYSTEM_TREES)  # the role compares the first part only
+
+
+@pytest.mark.parametrize("name", ["ray_workers", "gpu_nodes", "all"])
+def test_a_host_named_like_a_group_is_refused_by_validate(
+    make_inventory: InventoryFactory, name: str
+) -> None:
+    """Ansible warns and then takes the group for the name in every pattern (hosts:, --limit)."""
+    text = yaml.safe_dump(BASE_HOSTS, sort_keys=False).replace("    worker:", f"    {name}:")
+
+    found = [line for line in problems(make_inventory(hosts_text=text)) if "also the name of a group" in line]
+    assert found and found[0].startswith(f"host {name}: inventory_hostname: found "), found

@@ -5,6 +5,7 @@ anything runs."""
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -124,3 +125,19 @@ def test_forward_compat_false_as_a_word_is_false(make_inventory: InventoryFactor
     assert any("CUDA 12.8" in line for line in said["false"]), said
     assert said["no"] == said["false"]
     assert not any("CUDA 12.8" in line for line in said["true"]), said
+
+
+def test_thousands_of_variables_validate_in_seconds(make_inventory: InventoryFactory) -> None:
+    """The "did you mean" search once took ~15 s per host for 3,000 misspelt settings (difflib against every
+    known name, again on every host); it compares within the namespace, once per name. A bound, not a
+    benchmark: it catches the return of the quadratic search, not a few percent."""
+    variables = {f"vllm_service_setting_{i}": i for i in range(3000)}
+    variables |= {f"site_var_{i}": i for i in range(3000)}
+    path = make_inventory(group_vars=variables)
+
+    started = time.monotonic()
+    found = validate_inventory(path).problems
+    seconds = time.monotonic() - started
+
+    assert len([p for p in found if p.variable.startswith("vllm_service_setting_")]) == 3000
+    assert seconds < 15, f"{seconds:.1f} s"

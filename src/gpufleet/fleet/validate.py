@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import difflib
+import functools
+import heapq
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from gpufleet.fleet.compatibility import check_compatibility
 from gpufleet.fleet.disagg import check_disagg, has_pools
+from gpufleet.fleet.host_names import host_name_problems
 from gpufleet.fleet.inventory import RawHost, RawInventory, read_inventory
 from gpufleet.fleet.ports import check_ports
 from gpufleet.fleet.role_values import check_values, role_options
@@ -102,6 +105,7 @@ def validate(raw: RawInventory) -> Validation:
     for host in nodes:
         result.problems += _unknown_variables(host, roles)
         result.problems += check_values(host, options)
+    result.problems += host_name_problems(raw)
     result.problems += _fleet_wide_differences(nodes, roles)
     result.problems += check_ports(raw, nodes, project_root())
     if not nodes:
@@ -179,19 +183,16 @@ def _known(roles: Mapping[str, str]) -> set[str]:
 
 
 def _unknown_variables(host: RawHost, roles: Mapping[str, str]) -> Iterator[Problem]:
-    known = _known(roles)
+    known = frozenset(_known(roles))
     prefixes = ("gpufleet_", "vllm_service_", *(f"{role}_" for role in sorted(set(roles.values()))))
     for name in sorted(host.variables):
         if name in known or name.startswith("ansible_"):
             continue
         owned = name.startswith(prefixes)
-        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6 if owned else 0.85)
-        close = close or [
-            known_name for known_name in sorted(known) if _unprefixed(known_name, prefixes) == name
-        ]
+        close = _close(name, owned, known, prefixes)
         if not owned and not close:
             continue  # the user's own variable, in no namespace of ours
-        hint = f"did you mean {close[0]}? " if close else ""
+        hint = f"did you mean {close}? " if close else ""
         yield Problem(
             f"host {host.name}",
             name,
@@ -199,6 +200,45 @@ def _unknown_variables(host: RawHost, roles: Mapping[str, str]) -> Iterator[Prob
             "a variable listed in the README's inventory reference",
             f"{hint}Rename or remove it (a misspelt setting would otherwise be ignored)",
         )
+
+
+@functools.cache
+def _close(name: str, owned: bool, known: frozenset[str], prefixes: tuple[str, ...]) -> str | None:
+    """The known variable ``name`` most likely misspells, if any: once per name (group variables reach every
+    host), among names of about its length (difflib's ratio cannot reach the cutoff otherwise), so that
+    thousands of the user's own variables stay fast."""
+    cutoff = 0.6 if owned else 0.85
+    # A name in one of gpufleet's namespaces is compared with that namespace's names (the longest prefix
+    # it has: vllm_service_, not vllm_): a few dozen, not every known variable.
+    space = max((prefix for prefix in prefixes if name.startswith(prefix)), key=len, default="")
+    matcher = difflib.SequenceMatcher()
+    matcher.set_seq2(name)
+    candidates = []
+    for other in sorted(n for n in known if n.startswith(space)):  # difflib.get_close_matches, its full
+        # ratio on the 8 likeliest only
+        matcher.set_seq1(other)
+        if matcher.real_quick_ratio() >= cutoff and (quick := matcher.quick_ratio()) >= cutoff:
+            candidates.append((quick, other))
+    best: tuple[float, str] | None = None
+    for _, other in heapq.nlargest(8, candidates):
+        matcher.set_seq1(other)
+        if (ratio := matcher.ratio()) >= cutoff and (best is None or ratio > best[0]):
+            best = (ratio, other)
+    if best is not None:
+        return best[1]
+    return _by_remainder(known, prefixes).get(name)
+
+
+@functools.cache
+def _by_remainder(known: frozenset[str], prefixes: tuple[str, ...]) -> Mapping[str, str]:
+    """``tensor_parallel_size`` -> ``vllm_service_tensor_parallel_size``: settings written without their
+    namespace (the first known name in sorted order, as the list once gave)."""
+    found: dict[str, str] = {}
+    for known_name in sorted(known):
+        rest = _unprefixed(known_name, prefixes)
+        if rest is not None:
+            found.setdefault(rest, known_name)
+    return found
 
 
 def _unprefixed(name: str, prefixes: tuple[str, ...]) -> str | None:
