@@ -70,7 +70,7 @@ def test_a_block_size_the_user_sets_is_raised_for_a_hybrid() -> None:
 
 @pytest.mark.parametrize(
     ("model_type", "family"),
-    [("falcon_h1", "Falcon-H1"), ("qwen3_next", "Qwen3-Next"), ("jamba", "Jamba"), ("zamba2", "Zamba2")],
+    [("zamba2", "Zamba2"), ("minimax", "MiniMax"), ("bamba", "Bamba")],
 )
 def test_other_hybrids_are_unmodelled_not_dense(model_type: str, family: str) -> None:
     hybrid = config("Qwen3-8B-FP8") | {"model_type": model_type}

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gpufleet.planner.arch import QUANTIZATION_ALIASES, ModelArch, config_dtype, is_hopper
+from gpufleet.planner.hybrid import MambaShape
 
 if TYPE_CHECKING:
     from gpufleet.planner.model import PlanContext, StagePlan
@@ -90,7 +91,7 @@ def _check_parallelism(context: PlanContext) -> list[str]:
             f"tensor_parallel_size: intermediate_size ({arch.intermediate_size}) is not divisible by tensor "
             f"parallel size ({tp}). {fix}"
         )
-    if arch.mamba is not None:
+    if isinstance(arch.mamba, MambaShape):
         errors += _check_mamba_parallelism(arch.mamba.num_heads, arch.mamba.n_groups, tp)
     if pp > arch.num_layers:
         errors.append(

@@ -30,7 +30,6 @@ from typing import Any
 
 from gpufleet.planner.arch import (
     GIB,
-    PlannerInputError,
     Quantization,
     checkpoint_quantization,
     derive_max_model_len,
@@ -43,6 +42,7 @@ from gpufleet.planner.arch import (
     resolve_quantization,
     text_config,
 )
+from gpufleet.planner.base import PlannerInputError
 from gpufleet.planner.checks import check_kv_cache, check_settings, context_warnings
 from gpufleet.planner.estimates import (
     activation_peak_bytes,

@@ -127,7 +127,7 @@ def _hybrid_layout(
     state = arch.mamba.state_bytes(tp, dtype_bytes)
     size = hybrid_block_size(per_token, state, block_size)
     attention = sum(1 for layer in layers if arch.is_attention_layer(layer))
-    mamba = sum(1 for layer in layers if arch.layer_kind(layer) == "mamba")
+    mamba = sum(1 for layer in layers if arch.is_state_layer(layer))
     counts = [count for count in (attention, mamba) if count]
     if not counts:
         return KvLayout(size * per_token, 0, (), size)

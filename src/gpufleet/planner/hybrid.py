@@ -1,0 +1,341 @@
+"""Hybrid models' state layers, as vLLM 0.24 builds them: which layers hold a fixed per-sequence state instead
+of (or beside) a KV cache, that state's size, and the layer's weights.
+
+Read from vLLM 0.24.0's code:
+
+- Mamba-2 (``layers/mamba/mamba_mixer2.py``, ``MambaMixer2``): Nemotron-H (``nemotron_h.py``), Granite 4.0 H
+  (``granitemoehybrid.py``) and Falcon-H1 (``falcon_h1.py``, where every layer runs attention *and* a Mamba-2
+  mixer side by side, ``FalconH1ParallelHybrid``, so each layer holds both a KV cache and a Mamba state).
+- Mamba-1 (``layers/mamba/mamba_mixer.py``, ``MambaMixer``): Jamba (``jamba.py``: attention every
+  ``attn_layer_period`` layers from ``attn_layer_offset``, the others Mamba; MoE every ``expert_layer_period``
+  layers from ``expert_layer_offset``). Its linear layers are built without ``quant_config``.
+- Gated DeltaNet (``layers/mamba/gdn/qwen_gdn_linear_attn.py``, ``QwenGatedDeltaNetAttention``): Qwen3-Next
+  (``qwen3_next.py``: ``layer_types`` or one full-attention layer every ``full_attention_interval``).
+
+The state per sequence and layer is ``MambaStateShapeCalculator``'s (``layers/mamba/mamba_utils.py``): a
+conv state of ``conv_kernel - 1`` columns plus the temporal (SSM or recurrent) state, both in the model dtype
+unless ``mamba_ssm_cache_dtype`` is set (``MambaStateDtypeCalculator``; Nemotron-H's config class sets
+float32).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpufleet.planner.base import Param, PlannerInputError, PlannerUnmodelledError, config_int, config_opt_int
+
+# Layer kinds: "attention" (a KV cache), "mamba" (a state layer), "parallel" (both, Falcon-H1), "mlp" (a
+# Nemotron-H block without a mixer).
+ATTENTION_KINDS = frozenset({"attention", "parallel"})
+STATE_KINDS = frozenset({"mamba", "parallel"})
+
+
+@dataclass(frozen=True)
+class MambaShape:
+    """A Mamba-2 mixer (vLLM's ``MambaMixer2``) as a hybrid model's state-space layers build it."""
+
+    num_heads: int
+    head_dim: int
+    state_size: int  # N: ssm_state_size / mamba_d_state
+    n_groups: int
+    conv_kernel: int
+    intermediate_size: int  # num_heads x head_dim (Nemotron-H), mamba_expand x hidden (Granite), mamba_d_ssm
+    conv_bias: bool = True
+    proj_bias: bool = False
+    # The temporal (SSM) state's dtype when vLLM fixes it: Nemotron-H's is float32
+    # (NemotronHForCausalLMConfig.DEFAULT_MAMBA_SSM_CACHE_DTYPE); 0 = the model dtype (mamba_cache_dtype
+    # auto).
+    ssm_state_dtype_bytes: int = 0
+    gated_norm: bool = True  # Mixer2RMSNormGated has a weight (use_rms_norm; Falcon-H1's mamba_rms_norm)
+    mup_vector: bool = False  # Falcon-H1's zxbcdt multipliers: a buffer as long as in_proj's output
+
+    def groups(self, tp: int) -> int:
+        """n_groups as each rank holds them: vLLM replicates a single group so that it follows the head
+        shards (``MambaStateShapeCalculator.extra_groups_for_head_shards``)."""
+        return self.n_groups if self.n_groups % tp == 0 else tp
+
+    def conv_dim(self, tp: int) -> int:
+        """Channels of the depthwise convolution on one rank: x, B and C."""
+        return (self.intermediate_size + 2 * self.groups(tp) * self.state_size) // tp
+
+    def state_bytes(self, tp: int, dtype_bytes: int) -> int:
+        """One sequence's state in one Mamba layer on one rank (vLLM's MambaSpec page before padding): the
+        conv state ``(conv_kernel - 1) x conv_dim`` in the model dtype plus the SSM state ``heads x head_dim x
+        state_size`` (``mamba2_state_shape``)."""
+        conv = (self.conv_kernel - 1) * self.conv_dim(tp) * dtype_bytes
+        ssm = (
+            self.num_heads
+            // tp
+            * self.head_dim
+            * self.state_size
+            * (self.ssm_state_dtype_bytes or dtype_bytes)
+        )
+        return conv + ssm
+
+    def params(self, hidden: int, tp: int) -> list[Param]:
+        """``MambaMixer2`` on one rank: in_proj (z, x, B, C, dt), the depthwise conv1d (never quantized: built
+        with quant_config=None), A (float32), D, dt_bias, out_proj and the gated RMSNorm's weight."""
+        heads = self.num_heads // tp
+        inner = self.intermediate_size // tp
+        conv = self.conv_dim(tp)
+        in_out = inner + conv + heads
+        params = [Param("mixer.in_proj.weight", in_out, hidden, shards=5)]
+        if self.proj_bias:
+            params.append(Param("mixer.in_proj.bias", in_out))
+        params.append(Param("mixer.conv1d.weight", conv, self.conv_kernel, quantizable=False))
+        if self.conv_bias:
+            params.append(Param("mixer.conv1d.bias", conv))
+        params += [
+            Param("mixer.A", heads, dtype_bytes=4),
+            Param("mixer.D", heads),
+            Param("mixer.dt_bias", heads),
+            Param("mixer.out_proj.weight", hidden, inner),
+        ]
+        if self.proj_bias:
+            params.append(Param("mixer.out_proj.bias", hidden))
+        if self.gated_norm:
+            params.append(Param("mixer.norm.weight", inner))
+        if self.mup_vector:
+            # falcon_h1.py: torch.ones(1, (2 x d_ssm + 2 x groups x state + heads) // tp), a buffer
+            groups_state = self.groups(tp) * self.state_size
+            params.append(
+                Param("mup_vector", (2 * self.intermediate_size + 2 * groups_state + self.num_heads) // tp)
+            )
+        return params
+
+
+@dataclass(frozen=True)
+class Mamba1Shape:
+    """A Mamba-1 mixer (vLLM's ``MambaMixer``, Jamba): in_proj to x and z, conv1d, x_proj to dt, B and C,
+    dt_proj, A and D per channel and state, out_proj, and RMSNorms on dt, B and C."""
+
+    intermediate_size: int  # mamba_expand x hidden
+    state_size: int
+    conv_kernel: int
+    dt_rank: int
+    conv_bias: bool = True
+    proj_bias: bool = False
+
+    def state_bytes(self, tp: int, dtype_bytes: int) -> int:
+        """``mamba1_state_shape``: conv ``(conv_kernel - 1) x intermediate / tp`` plus SSM ``intermediate / tp
+        x state_size``, both in the model dtype (``mamba_cache_dtype`` / ``mamba_ssm_cache_dtype`` auto)."""
+        inner = self.intermediate_size // tp
+        return (self.conv_kernel - 1) * inner * dtype_bytes + inner * self.state_size * dtype_bytes
+
+    def params(self, hidden: int, tp: int) -> list[Param]:
+        """``MambaMixer`` on one rank; none of its linear layers takes ``quant_config``."""
+        inner = self.intermediate_size // tp
+        params = [Param("mamba.conv1d.weight", inner, self.conv_kernel, quantizable=False)]
+        if self.conv_bias:
+            params.append(Param("mamba.conv1d.bias", inner))
+        params.append(Param("mamba.in_proj.weight", 2 * inner, hidden, shards=2, quantizable=False))
+        if self.proj_bias:
+            params.append(Param("mamba.in_proj.bias", 2 * inner))
+        params += [
+            Param("mamba.x_proj.weight", self.dt_rank + 2 * self.state_size, inner, quantizable=False),
+            Param("mamba.dt_proj.weight", inner, self.dt_rank, quantizable=False),
+            Param("mamba.dt_proj.bias", inner),
+            Param("mamba.A", inner, self.state_size, quantizable=False, dtype_bytes=4),
+            Param("mamba.D", inner),
+            Param("mamba.out_proj.weight", hidden, inner, quantizable=False),
+        ]
+        if self.proj_bias:
+            params.append(Param("mamba.out_proj.bias", hidden))
+        params += [
+            Param("mamba.dt_layernorm.weight", self.dt_rank),
+            Param("mamba.b_layernorm.weight", self.state_size),
+            Param("mamba.c_layernorm.weight", self.state_size),
+        ]
+        return params
+
+
+@dataclass(frozen=True)
+class GatedDeltaNetShape:
+    """Qwen3-Next's gated DeltaNet (``QwenGatedDeltaNetAttention``)."""
+
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    conv_kernel: int
+
+    @property
+    def conv_channels(self) -> int:
+        """q, k and v: ``2 x key_dim + value_dim``."""
+        return 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
+
+    def state_bytes(self, tp: int, dtype_bytes: int) -> int:
+        """``gated_delta_net_state_shape``: conv ``(conv_kernel - 1) x conv_dim / tp`` plus the recurrent
+        state ``v_heads / tp x head_v_dim x head_k_dim``, both in the model dtype by default."""
+        conv = (self.conv_kernel - 1) * (self.conv_channels // tp) * dtype_bytes
+        return conv + self.num_v_heads // tp * self.head_v_dim * self.head_k_dim * dtype_bytes
+
+    def params(self, hidden: int, tp: int) -> list[Param]:
+        """One rank's share: in_proj_qkvz, in_proj_ba (b and a per value head), the conv1d (no bias, no
+        quant_config), dt_bias, A_log (float32), the gated RMSNorm over head_v_dim, out_proj."""
+        key = self.num_k_heads * self.head_k_dim // tp
+        value = self.num_v_heads * self.head_v_dim // tp
+        heads = self.num_v_heads // tp
+        return [
+            Param("linear_attn.conv1d.weight", self.conv_channels // tp, self.conv_kernel, quantizable=False),
+            Param("linear_attn.in_proj_qkvz.weight", 2 * key + 2 * value, hidden, shards=4),
+            Param("linear_attn.in_proj_ba.weight", 2 * heads, hidden),
+            Param("linear_attn.dt_bias", heads),
+            Param("linear_attn.A_log", heads, dtype_bytes=4),
+            Param("linear_attn.norm.weight", self.head_v_dim),
+            Param("linear_attn.out_proj.weight", hidden, value),
+        ]
+
+
+StateMixer = MambaShape | Mamba1Shape | GatedDeltaNetShape
+
+# Hybrid families vLLM 0.24 serves whose state-space or linear-attention layers the planner does not build
+# yet.
+UNMODELLED_HYBRIDS = {
+    "zamba2": "Zamba2",
+    "minimax": "MiniMax (lightning attention)",
+    "minimax_m1": "MiniMax (lightning attention)",
+    "minimax_text_01": "MiniMax (lightning attention)",
+    "bamba": "Bamba",
+    "plamo2": "PLaMo 2",
+    "lfm2": "LFM2",
+    "kimi_linear": "Kimi Linear",
+}
+NEMOTRON_H_BLOCKS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+
+
+def parse_hybrid(
+    config: Mapping[str, Any], model_type: str, layers: int
+) -> tuple[tuple[str, ...], StateMixer | None]:
+    """Layer kinds and the state mixer of a hybrid model; nothing for a transformer."""
+    if model_type in UNMODELLED_HYBRIDS:
+        raise PlannerUnmodelledError(
+            f"config.json: model_type: found {model_type!r} ({UNMODELLED_HYBRIDS[model_type]}); expected a "
+            "model the planner can size. Fix: the planner models the hybrids Nemotron-H, Granite 4.0 H, "
+            "Falcon-H1, Jamba and Qwen3-Next only; size this one by hand"
+        )
+    parse = _PARSERS.get(model_type)
+    return parse(config, layers) if parse else ((), None)
+
+
+def _nemotron_h(config: Mapping[str, Any], layers: int) -> tuple[tuple[str, ...], StateMixer | None]:
+    pattern = str(config.get("hybrid_override_pattern", ""))
+    if len(pattern) != layers or any(char not in NEMOTRON_H_BLOCKS for char in pattern):
+        raise PlannerInputError(
+            f"config.json: hybrid_override_pattern: found {pattern!r}; expected one of M, *, -, E per "
+            f"layer ({layers}). Fix: point the planner at the model's own config.json"
+        )
+    if "E" in pattern:
+        raise PlannerUnmodelledError(
+            "config.json: hybrid_override_pattern: found MoE blocks (E); expected Mamba (M), attention "
+            "(*) and MLP (-) blocks. Fix: the planner does not model Nemotron-H's MoE blocks yet; "
+            "size it by hand"
+        )
+    heads = config_int(config, "mamba_num_heads")
+    head_dim = config_int(config, "mamba_head_dim")
+    return tuple(NEMOTRON_H_BLOCKS[char] for char in pattern), MambaShape(
+        num_heads=heads,
+        head_dim=head_dim,
+        state_size=config_opt_int(config, "ssm_state_size") or 128,
+        n_groups=config_opt_int(config, "n_groups", "mamba_n_groups") or 8,
+        conv_kernel=config_opt_int(config, "conv_kernel", "mamba_d_conv") or 4,
+        intermediate_size=heads * head_dim,
+        conv_bias=bool(config.get("use_conv_bias", config.get("mamba_conv_bias", True))),
+        proj_bias=bool(config.get("use_bias", False)),
+        ssm_state_dtype_bytes=_ssm_dtype_bytes(config.get("mamba_ssm_cache_dtype", "float32")),
+    )
+
+
+def _granite(config: Mapping[str, Any], layers: int) -> tuple[tuple[str, ...], StateMixer | None]:
+    types = config.get("layer_types")
+    if not isinstance(types, list) or len(types) != layers:
+        raise PlannerInputError(
+            f"config.json: layer_types: found {types!r}; expected 'mamba' or 'attention' per layer "
+            f"({layers}). Fix: point the planner at the model's own config.json"
+        )
+    kinds = tuple("mamba" if kind == "mamba" else "attention" for kind in types)
+    if "mamba" not in kinds:  # granite-4.0-micro: the hybrid class with attention only
+        return (), None
+    return kinds, MambaShape(
+        num_heads=config_int(config, "mamba_n_heads"),
+        head_dim=config_int(config, "mamba_d_head"),
+        state_size=config_opt_int(config, "mamba_d_state") or 128,
+        n_groups=config_opt_int(config, "mamba_n_groups") or 1,
+        conv_kernel=config_opt_int(config, "mamba_d_conv") or 4,
+        intermediate_size=(config_opt_int(config, "mamba_expand") or 2) * config_int(config, "hidden_size"),
+        conv_bias=bool(config.get("mamba_conv_bias", True)),
+        proj_bias=bool(config.get("mamba_proj_bias", False)),
+    )
+
+
+def _falcon_h1(config: Mapping[str, Any], layers: int) -> tuple[tuple[str, ...], StateMixer | None]:
+    """falcon_h1.py: every layer is attention and Mamba-2 side by side; ``d_ssm`` is ``mamba_d_ssm`` or
+    ``mamba_expand x hidden``; the head size ``mamba_d_head`` (``d_ssm / heads`` when "auto")."""
+    heads = config_int(config, "mamba_n_heads")
+    d_ssm = config_opt_int(config, "mamba_d_ssm") or (
+        config_opt_int(config, "mamba_expand") or 2
+    ) * config_int(config, "hidden_size")
+    return ("parallel",) * layers, MambaShape(
+        num_heads=heads,
+        head_dim=config_opt_int(config, "mamba_d_head") or d_ssm // heads,
+        state_size=config_opt_int(config, "mamba_d_state") or 256,
+        n_groups=config_opt_int(config, "mamba_n_groups") or 1,
+        conv_kernel=config_opt_int(config, "mamba_d_conv") or 4,
+        intermediate_size=d_ssm,
+        conv_bias=bool(config.get("mamba_conv_bias", True)),
+        proj_bias=bool(config.get("mamba_proj_bias", False)),
+        gated_norm=bool(config.get("mamba_rms_norm", False)),
+        mup_vector=True,
+    )
+
+
+def _jamba(config: Mapping[str, Any], layers: int) -> tuple[tuple[str, ...], StateMixer | None]:
+    """jamba.py: attention where ``layer % attn_layer_period == attn_layer_offset``, Mamba-1 elsewhere;
+    ``mamba_dt_rank`` "auto" is ``ceil(hidden / 16)`` (Hugging Face's JambaConfig)."""
+    hidden = config_int(config, "hidden_size")
+    period = config_opt_int(config, "attn_layer_period") or 8
+    offset = config.get("attn_layer_offset", 4)
+    offset = offset if isinstance(offset, int) else 4
+    kinds = tuple("attention" if layer % period == offset else "mamba" for layer in range(layers))
+    return kinds, Mamba1Shape(
+        intermediate_size=(config_opt_int(config, "mamba_expand") or 2) * hidden,
+        state_size=config_opt_int(config, "mamba_d_state") or 16,
+        conv_kernel=config_opt_int(config, "mamba_d_conv") or 4,
+        dt_rank=config_opt_int(config, "mamba_dt_rank") or math.ceil(hidden / 16),
+        conv_bias=bool(config.get("mamba_conv_bias", True)),
+        proj_bias=bool(config.get("mamba_proj_bias", False)),
+    )
+
+
+def _qwen3_next(config: Mapping[str, Any], layers: int) -> tuple[tuple[str, ...], StateMixer | None]:
+    """qwen3_next.py: ``layer_types`` ("linear_attention" / "full_attention"), or Hugging Face's default of
+    one full-attention layer every ``full_attention_interval``."""
+    types = config.get("layer_types")
+    if isinstance(types, list) and len(types) == layers:
+        kinds = tuple("mamba" if kind == "linear_attention" else "attention" for kind in types)
+    else:
+        interval = config_opt_int(config, "full_attention_interval") or 4
+        kinds = tuple("attention" if (layer + 1) % interval == 0 else "mamba" for layer in range(layers))
+    return kinds, GatedDeltaNetShape(
+        num_k_heads=config_int(config, "linear_num_key_heads"),
+        num_v_heads=config_int(config, "linear_num_value_heads"),
+        head_k_dim=config_int(config, "linear_key_head_dim"),
+        head_v_dim=config_int(config, "linear_value_head_dim"),
+        conv_kernel=config_opt_int(config, "linear_conv_kernel_dim") or 4,
+    )
+
+
+_PARSERS = {
+    "nemotron_h": _nemotron_h,
+    "granitemoehybrid": _granite,
+    "falcon_h1": _falcon_h1,
+    "jamba": _jamba,
+    "qwen3_next": _qwen3_next,
+}
+
+
+def _ssm_dtype_bytes(name: object) -> int:
+    return {"float32": 4, "float16": 2, "bfloat16": 2}.get(str(name), 0)
