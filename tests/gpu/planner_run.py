@@ -91,6 +91,10 @@ CASES: dict[str, tuple[str, list[str]]] = {
     "falcon-h1-0.5b-hybrid": ("Falcon-H1-0.5B-Instruct", [LEN, "16384", UTIL, "0.9", EAGER]),
     "qwen3-next-24l-hybrid": ("Qwen3-Next-80B-A3B-Instruct-24L", [LEN, "32768", UTIL, "0.9", EAGER]),
     "jamba-v0.1-16l-hybrid": ("Jamba-v0.1-16L", [LEN, "32768", UTIL, "0.9", EAGER]),
+    # Validation of the three hybrid families at other settings, predicted before these ran.
+    "qwen3-next-24l-hybrid-128k": ("Qwen3-Next-80B-A3B-Instruct-24L", [LEN, "131072", UTIL, "0.85", EAGER]),
+    "jamba-v0.1-16l-hybrid-64k": ("Jamba-v0.1-16L", [LEN, "65536", UTIL, "0.8", EAGER]),
+    "falcon-h1-0.5b-hybrid-8k": ("Falcon-H1-0.5B-Instruct", [LEN, "8192", UTIL, "0.7", EAGER]),
 }
 
 

@@ -155,7 +155,12 @@ def test_gemma_weights_are_allocator_blocks_on_an_h100() -> None:
     tensors = plan(PlanRequest(hf_config=config, gpus=(GpuDevice(name="GPU", memory_gib=80),), **settings))
     mib = 2**20
     blocks = 26 * (32 * mib - 31_850_496) + 26 * (16 * mib - 15_925_248) + (4 * 26 + 1) * (2560 - 2304)
-    assert (h100.weights_gib_per_gpu - tensors.weights_gib_per_gpu) * GIB == blocks
+    # The 3.375 MiB qkv_proj and 2.25 MiB o_proj of each layer are cut from shared 20 MiB segments
+    # (allocator.SharedSegments): five times an o_proj takes a 3.125 MiB free block whole (0.875 MiB would be
+    # left, not more than 1 MiB). The probe measured 0.6 MiB beyond the per-tensor blocks, not 4.4: the
+    # planner is 3.8 MiB (0.19 %) over here, where it was 0.6 MiB under without the shared segments.
+    shared = 5 * (3 * mib + mib // 8 - 2 * mib - mib // 4)
+    assert (h100.weights_gib_per_gpu - tensors.weights_gib_per_gpu) * GIB == blocks + shared
 
 
 @pytest.mark.parametrize("item", ALL)

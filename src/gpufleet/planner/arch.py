@@ -24,7 +24,7 @@ Everything here mirrors how vLLM 0.24 builds the model, so the figures are compu
 - The rotary cos/sin cache (``max_position x rotary_dim`` in the model dtype; two for Gemma 3's local and
   global RoPE) is counted: vLLM's "Model loading took" includes it.
 - On an NVIDIA GPU every tensor counts as the block PyTorch's caching allocator gives it while vLLM loads
-  (:func:`cuda_block_bytes`): the figure is ``memory_allocated()``, which counts blocks.
+  (:mod:`gpufleet.planner.allocator`): the figure is ``memory_allocated()``, which counts blocks.
 - KV bytes per token and layer: ``2 x KV heads per rank x head_dim x dtype`` for standard attention;
   ``(kv_lora_rank + qk_rope_head_dim) x dtype`` for MLA, whole on every tensor-parallel rank. Layers with
   a sliding window form their own KV-cache groups (vLLM's hybrid allocator, see
@@ -706,40 +706,6 @@ _NVIDIA = re.compile(
 def is_nvidia(gpu_name: str) -> bool:
     """Whether the GPU runs vLLM's CUDA platform, from its name (a bare "GPU" says nothing)."""
     return bool(_NVIDIA.search(gpu_name.lower()))
-
-
-# PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp) and the setting vLLM 0.24 loads under.
-MIB = 2**20
-ALLOC_ROUND = 512  # kMinBlockSize: every request is rounded up to 512 bytes
-SMALL_REQUEST = MIB  # kSmallSize: the small pool's largest request; a split must leave more than this
-LARGE_SEGMENT_FROM = 10 * MIB  # kMinLargeAlloc: from here a request gets its own segment ...
-SEGMENT_ROUND = 2 * MIB  # kRoundLarge: ... rounded up to 2 MiB
-# vllm/v1/worker/gpu_worker.py:382 (Worker.load_model, _scoped_allocator_max_split): vLLM 0.24 loads the
-# weights with max_split_size_mb:20, so a block of 20 MiB or more is never split.
-LOAD_MAX_SPLIT = 20 * MIB
-
-
-def cuda_block_bytes(nbytes: int) -> int:
-    """The caching-allocator block a tensor of ``nbytes`` holds while vLLM 0.24 loads weights on CUDA.
-
-    "Model loading took" is ``torch.cuda.memory_allocated()`` after minus before (DeviceMemoryProfiler,
-    vllm/utils/mem_utils.py:86, and platforms/cuda.py:350), which counts blocks, not tensors. A request is
-    rounded up to 512 bytes; one of 10 MiB or more gets a new segment rounded up to 2 MiB, and the block
-    keeps the whole segment when the request is at least ``max_split_size`` (20 MiB while loading) or when
-    no more than 1 MiB would be left over. Smaller
-    requests are cut from shared 20 MiB segments; a block cut where 1 MiB or less was left keeps that
-    remainder, which depends on the order of every allocation and free and is not modelled. Measured on an
-    H100 (tests/gpu/weights_probe.py): 6,053 of the 6,102 tensor blocks of the 11 v0.24 cases are what this
-    rule says; the others are 30.5 MiB for Qwen2.5-7B AWQ, 0.6 MiB for Gemma 3 1B, 0.2 MiB for gpt-oss-20b
-    and 16 MiB for Llama 3.1 8B (a 48 MiB tensor placed in a 64 MiB block a freed temporary left).
-    """
-    size = max(ALLOC_ROUND, _round_up(nbytes, ALLOC_ROUND))
-    if size < LARGE_SEGMENT_FROM:
-        return size
-    segment = _round_up(size, SEGMENT_ROUND)
-    if size >= LOAD_MAX_SPLIT or segment - size <= SMALL_REQUEST:
-        return segment
-    return size
 
 
 def _is_quantized(param: Param, quant: Quantization) -> bool:

@@ -19,12 +19,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gpufleet.planner.allocator import SharedSegments, cuda_block_bytes
 from gpufleet.planner.arch import (
     GIB,
     ModelArch,
     Parallelism,
     Quantization,
-    cuda_block_bytes,
     iter_layer_tensors,
     vocab_per_rank,
 )
@@ -129,6 +129,10 @@ def _offload_layers(
     """(bytes left on the GPU, bytes offloaded, most bytes offloaded from a single layer)."""
     on_gpu = offloaded = 0
     per_layer: dict[int, int] = {}
+    if (
+        block is cuda_block_bytes
+    ):  # the layers' 1-10 MiB tensors share segments, in the order vLLM builds them
+        block = SharedSegments().block
     for layer, tensor, state, tensors in iter_layer_tensors(
         arch, shape.parallelism, shape.layer_indices, shape.dtype_bytes, quant
     ):
