@@ -87,7 +87,7 @@ def test_nemotron_h_moe_blocks_are_unmodelled() -> None:
 
 @pytest.mark.parametrize(
     "architecture",
-    ["Qwen3VLForConditionalGeneration", "Mistral3ForConditionalGeneration", "Llama4ForConditionalGeneration"],
+    ["Llama4ForConditionalGeneration", "InternVLForConditionalGeneration"],
 )
 def test_other_multimodal_families_are_unmodelled(architecture: str) -> None:
     wrapped = config("gemma-3-4b-it") | {"architectures": [architecture]}

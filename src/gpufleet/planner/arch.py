@@ -92,7 +92,9 @@ MAX_LEN_KEYS = (
     "seq_len",
 )
 QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_moe", "qwen2_5_vl", "qwen2_vl"})
-QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe", "qwen3_next", "gemma3_text", "gemma3"})
+QK_NORM_TYPES = frozenset(
+    {"qwen3", "qwen3_moe", "qwen3_next", "qwen3_vl_text", "qwen3_vl_moe_text", "gemma3_text", "gemma3"}
+)
 FOUR_NORM_TYPES = frozenset({"gemma2", "gemma3_text", "gemma3"})  # pre/post attention and feed-forward
 
 
@@ -402,8 +404,12 @@ def _refuse_unsupported(config: Mapping[str, Any]) -> None:
 
 
 def config_dtype(config: Mapping[str, Any]) -> str | None:
-    raw = config.get("torch_dtype") or config.get("dtype")
-    return DTYPE_ALIASES.get(str(raw).lower()) if raw else None
+    """The checkpoint's dtype as vLLM 0.24 finds it (``ModelArchConfigConvertorBase.get_torch_dtype``): the
+    top level's, else the text config's, else the vision config's (multimodal configs nest it)."""
+    for part in (config, config.get("text_config"), config.get("vision_config")):
+        if isinstance(part, Mapping) and (raw := part.get("torch_dtype") or part.get("dtype")):
+            return DTYPE_ALIASES.get(str(raw).lower())
+    return None
 
 
 def resolve_dtype(requested: str, config: Mapping[str, Any]) -> str:

@@ -32,7 +32,12 @@ KNOWN_MODEL_TYPES = frozenset(
         "gpt_oss",
         "nemotron_h",
         "granitemoehybrid",
+        "falcon_h1",
+        "jamba",
+        "qwen3_next",
         "qwen2_5_vl",
+        "qwen3_vl_text",
+        "qwen3_vl_moe_text",
     }
 )
 # GPUs before Ampere: no bfloat16 in vLLM (compute capability < 8.0).

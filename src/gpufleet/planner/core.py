@@ -151,6 +151,7 @@ def plan_stage(context: PlanContext, rank: int, bounds: tuple[int, int]) -> Stag
         expert_parallel=request.enable_expert_parallel,
         cuda_allocator=is_nvidia(context.gpu.name),
         vision_tower=arch.vision is not None and arch.vision.builds_tower(request.limit_mm_per_prompt),
+        batched_tokens=context.batching[0],
     )
     weights = stage_weights(arch, shape, context.quant, request.cpu_offload_gb)
     activation = activation_peak_bytes(

@@ -70,6 +70,7 @@ class StageShape:
     cuda_allocator: bool = False
     # A multimodal model's tower is built unless --limit-mm-per-prompt sets every modality to 0.
     vision_tower: bool = True
+    batched_tokens: int = 0  # max_num_batched_tokens (Qwen3-VL's deepstack buffers)
 
     @property
     def parallelism(self) -> Parallelism:
@@ -103,7 +104,8 @@ def stage_weights(
     on_gpu, offloaded, largest = _offload_layers(arch, shape, quant, int(cpu_offload_gb * GIB), block)
     vision = 0
     if arch.vision is not None and shape.vision_tower:
-        vision = sum(block(size) for size in tower_tensors(arch.vision, shape.tp, shape.dtype_bytes))
+        tensors = tower_tensors(arch.vision, shape.tp, shape.dtype_bytes, shape.batched_tokens)
+        vision = sum(block(size) for size in tensors)
     return StageWeights(
         vision_bytes=vision,
         embedding_bytes=table_bytes if has_embedding else 0,
