@@ -15,7 +15,8 @@ import pytest
 
 from gpufleet.planner import GpuDevice, PlanRequest, plan
 from gpufleet.planner.arch import GIB, parse_arch
-from gpufleet.planner.multimodal import encoder_profile, tower_tensors
+from gpufleet.planner.multimodal import encoder_profile
+from gpufleet.planner.towers import tower_tensors
 
 MODELS = Path(__file__).resolve().parent / "data" / "planner_models"
 H200 = GpuDevice(name="NVIDIA H200", memory_gib=150_109_880_320 / GIB)

@@ -28,7 +28,7 @@ from gpufleet.planner.arch import (
     iter_layer_tensors,
     vocab_per_rank,
 )
-from gpufleet.planner.multimodal import tower_tensors
+from gpufleet.planner.towers import tower_tensors
 
 
 @dataclass(frozen=True)
