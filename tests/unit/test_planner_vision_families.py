@@ -99,3 +99,35 @@ def test_mistral3_plans_and_profiles_a_full_size_image() -> None:
     assert profile is not None
     # PixtralHFEncoderInfo: ceil(1540 / (14 x 2))^2 merged patches; two images fill the 8192 budget.
     assert (profile.tokens_per_item, profile.items) == (3025, 2)
+
+
+LLAMA4 = "Llama-4-Scout-17B-16E-Instruct"
+
+
+def test_llama4_is_planned_with_a_generic_tower_and_a_margin_not_refused() -> None:
+    # Two H200s (the 109 B model does not fit one): planned, with the tower estimated from vision_config and
+    # a warning that names the margin.
+    result = plan(
+        PlanRequest(hf_config=config(LLAMA4), gpus=(H200, H200), tensor_parallel_size=2, max_model_len=131072)
+    )
+    assert result.errors == []
+    margin = [warning for warning in result.warnings if "generic ViT" in warning]
+    assert len(margin) == 1
+    assert "Margin: keep 1.39 GiB per GPU free" in margin[0]
+    # Counted from the published checkpoint's parameter table: 34 blocks of 23,807,872 parameters (q, k, v,
+    # o with biases, fc1/fc2 with biases, two LayerNorms), halved over two ranks, in bfloat16.
+    assert result.vision_tower_gib_per_gpu > 34 * 23_807_872 * 2 / 2 / GIB
+
+
+def test_llama4_language_model_follows_llama4_py() -> None:
+    arch = parse_arch(config(LLAMA4))
+    assert arch.moe is not None
+    # Every layer MoE (interleave_moe_layer_step 1), 16 experts of 8192 and one shared expert of 8192.
+    assert (arch.moe.num_experts, arch.moe.intermediate_size, arch.moe.shared_intermediate_size) == (
+        16,
+        8192,
+        8192,
+    )
+    assert not arch.moe.dense_layers
+    # The RoPE layers use chunked local attention (8192-token chunks); every fourth layer (NoPE) is global.
+    assert arch.layer_windows[:4] == (8192, 8192, 8192, None)

@@ -229,7 +229,7 @@ class Parallelism:
 
 def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
     """The language model's config: multimodal wrappers keep it under ``text_config``."""
-    inner = config.get("text_config")
+    inner = config.get("text_config") or config.get("llm_config")  # InternVLChatModel: llm_config
     if "hidden_size" not in config and isinstance(inner, dict):
         merged = dict(inner)
         for key in ("torch_dtype", "dtype", "quantization_config", "architectures", "tie_word_embeddings"):
@@ -258,7 +258,9 @@ def parse_arch(config: Mapping[str, Any]) -> ModelArch:
     layers = _int(config, "num_hidden_layers")
     mla = _parse_mla(config)
     moe = _parse_moe(config, layers)
-    intermediate = _opt_int(config, "intermediate_size", "ffn_dim") or (moe.intermediate_size if moe else 0)
+    # Llama 4's dense layers use intermediate_size_mlp (intermediate_size is the experts').
+    keys = ("intermediate_size_mlp",) if model_type == "llama4_text" else ("intermediate_size", "ffn_dim")
+    intermediate = _opt_int(config, *keys) or (moe.intermediate_size if moe else 0)
     rotary = mla.qk_rope_head_dim if mla else int(head_dim * float(config.get("partial_rotary_factor", 1.0)))
     architectures = config.get("architectures")
     if architectures is not None and not (
@@ -331,11 +333,13 @@ def _parse_moe(config: Mapping[str, Any], layers: int) -> MoeShape | None:
     shared = _opt_int(config, "shared_expert_intermediate_size", "shared_intermediate_size")
     if not shared and _opt_int(config, "n_shared_experts"):
         shared = _opt_int(config, "n_shared_experts") * per_expert
+    if model_type == "llama4_text":  # llama4.py: one shared expert as large as a routed one
+        shared = shared or per_expert
     dense = set(range(min(_opt_int(config, "first_k_dense_replace"), layers)))
     only = config.get("mlp_only_layers")
     if isinstance(only, list):
         dense |= {int(layer) for layer in only if isinstance(layer, int)}
-    step = _opt_int(config, "decoder_sparse_step", "moe_layer_freq") or 1
+    step = _opt_int(config, "decoder_sparse_step", "moe_layer_freq", "interleave_moe_layer_step") or 1
     if step > 1:
         dense |= {layer for layer in range(layers) if (layer + 1) % step}
     if model_type == "jamba":  # jamba.py: layers_num_experts, MoE where layer % period == offset
@@ -361,6 +365,12 @@ def _layer_windows(  # noqa: PLR0911  (one return per family rule reads best)
     config: Mapping[str, Any], model_type: str, layers: int
 ) -> tuple[int | None, ...]:
     """Each layer's sliding window as vLLM 0.24 applies it (empty: full attention everywhere)."""
+    chunk = _opt_int(config, "attention_chunk_size")
+    rope_layers = config.get("no_rope_layers")
+    if model_type == "llama4_text" and chunk and isinstance(rope_layers, list) and len(rope_layers) == layers:
+        # llama4.py: the RoPE layers use ChunkedLocalAttention, whose KV cache holds about one chunk per
+        # request (ChunkedLocalAttentionSpec, planned as a window of the chunk); the NoPE layers are global.
+        return tuple(chunk if rope_layers[layer] else None for layer in range(layers))
     window = config.get("sliding_window")
     if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
         return ()
@@ -389,12 +399,12 @@ def _refuse_unsupported(config: Mapping[str, Any]) -> None:
     multimodal = isinstance(config.get("vision_config"), dict) or (
         "hidden_size" not in config and isinstance(config.get("text_config"), dict)
     )
-    if multimodal and name not in MULTIMODAL_MODELLED:
+    if multimodal and name not in MULTIMODAL_MODELLED and parse_vision(config) is None:
         modelled = ", ".join(MULTIMODAL_MODELLED)
         raise PlannerUnmodelledError(
             f"config.json: architectures: found the multimodal model {name}; expected a text-only decoder or "
-            f"one of {modelled}. Fix: the planner does not model this family's vision tower; size this "
-            "deployment by hand"
+            f"one of {modelled}, or a vision_config with the tower's hidden_size and num_hidden_layers. Fix: "
+            "the planner does not model this family's vision tower; size this deployment by hand"
         )
     if config.get("num_nextn_predict_layers") and config.get("model_type") == "deepseek_v4":
         raise PlannerUnmodelledError(

@@ -196,13 +196,16 @@ StateMixer = MambaShape | Mamba1Shape | GatedDeltaNetShape
 # yet.
 UNMODELLED_HYBRIDS = {
     "zamba2": "Zamba2",
+    "plamo2": "PLaMo 2",
+    "lfm2": "LFM2",
+    "kimi_linear": "Kimi Linear",
+}
+# Hybrid families vLLM 0.24 no longer serves (registry.py's _PREVIOUSLY_SUPPORTED_MODELS: removed in 0.23.0).
+REMOVED_HYBRIDS = {
     "minimax": "MiniMax (lightning attention)",
     "minimax_m1": "MiniMax (lightning attention)",
     "minimax_text_01": "MiniMax (lightning attention)",
     "bamba": "Bamba",
-    "plamo2": "PLaMo 2",
-    "lfm2": "LFM2",
-    "kimi_linear": "Kimi Linear",
 }
 NEMOTRON_H_BLOCKS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 
@@ -216,6 +219,13 @@ def parse_hybrid(
             f"config.json: model_type: found {model_type!r} ({UNMODELLED_HYBRIDS[model_type]}); expected a "
             "model the planner can size. Fix: the planner models the hybrids Nemotron-H, Granite 4.0 H, "
             "Falcon-H1, Jamba and Qwen3-Next only; size this one by hand"
+        )
+    if model_type in REMOVED_HYBRIDS:
+        raise PlannerInputError(
+            f"config.json: model_type: found {model_type!r} ({REMOVED_HYBRIDS[model_type]}); expected a "
+            "model vLLM 0.24.0 serves: vLLM removed this family in 0.23.0 (registry.py, "
+            "_PREVIOUSLY_SUPPORTED_MODELS). Fix: serve it with vLLM 0.22 or older, outside what this planner "
+            "predicts"
         )
     parse = _PARSERS.get(model_type)
     return parse(config, layers) if parse else ((), None)

@@ -72,18 +72,55 @@ class VisionTower:
         return any(limits.get(modality, 999) > 0 for modality in self.modalities)
 
 
+def generic_vision(config: Mapping[str, Any], name: str) -> VisionTower | None:
+    """A family whose tower the planner has not read from vLLM's code (Llama 4, InternVL, ...), estimated as
+    a plain ViT from its vision_config: patch and position embeddings, ``layers`` pre-norm blocks (two
+    LayerNorms, q/k/v and output projections, a two-layer MLP, all with biases) and a two-layer projector to
+    the language model. The plan says so, with a margin (checks.py). None without the ViT's sizes."""
+    vision: Mapping[str, Any] = config["vision_config"]
+    text = config.get("text_config") or config.get("llm_config") or config
+    hidden = _positive(vision, "hidden_size") or _positive(vision, "width") or _positive(vision, "embed_dim")
+    layers = _positive(vision, "num_hidden_layers") or _positive(vision, "depth")
+    if not hidden or not layers or not isinstance(text, Mapping):
+        return None
+    return VisionTower(
+        family=GENERIC,
+        hidden_size=hidden,
+        intermediate_size=_positive(vision, "intermediate_size", 4 * hidden),
+        layers=layers,
+        num_heads=_positive(vision, "num_attention_heads") or _positive(vision, "num_heads", 16),
+        patch_size=_positive(vision, "patch_size", 14),
+        out_hidden_size=_positive(text, "hidden_size", hidden),
+        modalities=GENERIC_MODALITIES.get(name, ("image",)),
+        image_size=_positive(vision, "image_size", 448),
+    )
+
+
 def _positive(config: Mapping[str, Any], key: str, default: int = 0) -> int:
     value = config.get(key, default)
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
 
 
+# Families whose tower is estimated as a generic ViT (GENERIC): the modalities their vLLM model marks as the
+# tower's (``_mark_tower_model``); any other unmodelled family is taken as image-only.
+GENERIC_MODALITIES = {
+    "InternVLForConditionalGeneration": ("image", "video"),
+    "InternVLChatModel": ("image", "video"),
+    "Llama4ForConditionalGeneration": ("image",),
+}
+GENERIC = "generic"
+
+
 def parse_vision(config: Mapping[str, Any]) -> VisionTower | None:
-    """The vision tower of a modelled multimodal architecture; None for a text-only model or another
-    family."""
+    """The vision tower of a multimodal architecture; None for a text-only model, or for an unmodelled family
+    whose vision_config lacks the ViT's sizes (hidden size and layers). An unmodelled family with them gets
+    the ``generic`` estimate (:func:`generic_vision`)."""
     architectures = config.get("architectures")
     name = str(architectures[0]) if isinstance(architectures, list) and architectures else ""
-    if name not in MODELLED or not isinstance(config.get("vision_config"), dict):
+    if not isinstance(config.get("vision_config"), dict):
         return None
+    if name not in MODELLED:
+        return generic_vision(config, name)
     family, modalities = MODELLED[name]
     vision: Mapping[str, Any] = config["vision_config"]
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
@@ -224,6 +261,8 @@ def encoder_profile(
             tokens_per_item[modality] = _qwen_max_tokens(tower, modality, max_model_len)
         elif tower.family == "qwen3_vl":
             tokens_per_item[modality] = _qwen3_vl_max_tokens(tower, modality)
+        elif tower.family == GENERIC:  # every patch of a full-size image, before any merging
+            tokens_per_item[modality] = (tower.image_size // tower.patch_size) ** 2
         elif tower.family == "pixtral":  # PixtralHFEncoderInfo: a full-size image, merged patches
             tokens_per_item[modality] = (
                 math.ceil(tower.image_size / (tower.patch_size * tower.spatial_merge_size)) ** 2

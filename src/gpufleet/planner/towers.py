@@ -17,6 +17,8 @@ def tower_tensors(tower: VisionTower, tp: int, dtype_bytes: int, batched_tokens:
         return _qwen3_vl_tensors(tower, tp, dtype_bytes, batched_tokens)
     if tower.family == "pixtral":
         return _pixtral_mistral3_tensors(tower, tp, dtype_bytes)
+    if tower.family == "generic":
+        return _generic_vit_tensors(tower, tp, dtype_bytes)
     return _siglip_gemma3_tensors(tower, tp, dtype_bytes)
 
 
@@ -150,3 +152,19 @@ def _siglip_gemma3_tensors(tower: VisionTower, tp: int, element: int) -> list[in
     tensors = [numel * element for numel in numels]
     tensors.append(positions * 8)  # position_ids: an int64 buffer
     return tensors
+
+
+def _generic_vit_tensors(tower: VisionTower, tp: int, element: int) -> list[int]:
+    """An estimate for a family not read from vLLM's code (multimodal.generic_vision)."""
+    hidden, inter = tower.hidden_size, math.ceil(tower.intermediate_size / tp)
+    heads_dim = math.ceil(tower.num_heads / tp) * (hidden // tower.num_heads)
+    text, text_rank = tower.out_hidden_size, math.ceil(tower.out_hidden_size / tp)
+    layer = [4 * hidden, 3 * heads_dim * hidden + 3 * heads_dim, hidden * heads_dim + hidden]
+    layer += [inter * hidden + inter, hidden * inter + hidden]
+    numels = [
+        hidden * 3 * tower.patch_size**2 + hidden,
+        ((tower.image_size // tower.patch_size) ** 2 + 1) * hidden,
+    ]
+    numels += layer * tower.layers
+    numels += [2 * hidden, text_rank * hidden + text_rank, text * text_rank + text]
+    return [numel * element for numel in numels]
