@@ -221,7 +221,8 @@ def parse_hybrid(
             "Falcon-H1, Jamba and Qwen3-Next only; size this one by hand"
         )
     if model_type in REMOVED_HYBRIDS:
-        raise PlannerInputError(
+        # Unmodelled, not a wrong input: a fleet pinned to an older vLLM image may serve it (validate warns).
+        raise PlannerUnmodelledError(
             f"config.json: model_type: found {model_type!r} ({REMOVED_HYBRIDS[model_type]}); expected a "
             "model vLLM 0.24.0 serves: vLLM removed this family in 0.23.0 (registry.py, "
             "_PREVIOUSLY_SUPPORTED_MODELS). Fix: serve it with vLLM 0.22 or older, outside what this planner "
