@@ -113,6 +113,7 @@ def test_llama4_is_planned_with_a_generic_tower_and_a_margin_not_refused() -> No
     assert result.errors == []
     margin = [warning for warning in result.warnings if "generic ViT" in warning]
     assert len(margin) == 1
+    assert margin[0].startswith("architectures: Llama4ForConditionalGeneration: ")
     assert "Margin: keep 1.39 GiB per GPU free" in margin[0]
     # Counted from the published checkpoint's parameter table: 34 blocks of 23,807,872 parameters (q, k, v,
     # o with biases, fc1/fc2 with biases, two LayerNorms), halved over two ranks, in bfloat16.

@@ -288,8 +288,8 @@ def _model_warnings(context: PlanContext) -> list[str]:
         tower = sum(tower_tensors(arch.vision, request.tensor_parallel_size, context.dtype_bytes)) / GIB
         margin = tower / 2 + ENCODER_MARGIN_GIB
         warnings.append(
-            f"architectures: {arch.architecture or 'the model'}: its vision tower is not read from vLLM's "
-            f"code; it is planned as a generic ViT from vision_config ({tower:.2f} GiB) and the encoder's "
+            f"architectures: {arch.vision.architecture or 'the model'}: its vision tower is not read from "
+            f"vLLM's code; it is planned as a generic ViT from vision_config ({tower:.2f} GiB) and the encoder's "
             f"profile run as SigLIP's. Margin: keep {margin:.2f} GiB per GPU free beyond this plan (half the "
             f"tower, plus {ENCODER_MARGIN_GIB:.0f} GiB for the encoder's peak), or measure one start-up"
         )

@@ -63,6 +63,7 @@ class VisionTower:
     deepstack_levels: int = 0  # Qwen3-VL's deepstack_visual_indexes: one more merger and buffer each
     head_dim: int = 0  # Pixtral's vision head_dim (0: hidden / heads)
     projector_bias: bool = False  # Mistral 3's multimodal_projector_bias
+    architecture: str = ""  # the multimodal class (architectures[0]), for the generic estimate's warning
 
     def builds_tower(self, limits: Mapping[str, int] | None) -> bool:
         """False when every modality of the tower is limited to 0 items per prompt (vLLM then loads the
@@ -93,6 +94,7 @@ def generic_vision(config: Mapping[str, Any], name: str) -> VisionTower | None:
         out_hidden_size=_positive(text, "hidden_size", hidden),
         modalities=GENERIC_MODALITIES.get(name, ("image",)),
         image_size=_positive(vision, "image_size", 448),
+        architecture=name,
     )
 
 
