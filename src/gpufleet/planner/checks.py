@@ -289,9 +289,10 @@ def _model_warnings(context: PlanContext) -> list[str]:
         margin = tower / 2 + ENCODER_MARGIN_GIB
         warnings.append(
             f"architectures: {arch.vision.architecture or 'the model'}: its vision tower is not read from "
-            f"vLLM's code; it is planned as a generic ViT from vision_config ({tower:.2f} GiB) and the encoder's "
-            f"profile run as SigLIP's. Margin: keep {margin:.2f} GiB per GPU free beyond this plan (half the "
-            f"tower, plus {ENCODER_MARGIN_GIB:.0f} GiB for the encoder's peak), or measure one start-up"
+            f"vLLM's code; it is planned as a generic ViT from vision_config ({tower:.2f} GiB) and the "
+            f"encoder's profile run as SigLIP's. Margin: keep {margin:.2f} GiB per GPU free beyond this plan "
+            f"(half the tower, plus {ENCODER_MARGIN_GIB:.0f} GiB for the encoder's peak), or measure one "
+            "start-up"
         )
     if arch.model_type not in KNOWN_MODEL_TYPES:
         warnings.append(
