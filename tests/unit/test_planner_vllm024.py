@@ -101,7 +101,7 @@ ALL = CALIBRATION + VALIDATION
 # Every case's weights within 1 % of "Model loading took" (measured - predicted, as a share of measured).
 # That figure counts caching-allocator blocks, not tensors (tests/gpu/weights_probe.py, results in
 # tests/gpu/results-weights-probe.log): vLLM 0.24 loads under max_split_size_mb:20, so every tensor of 20 MiB
-# or more keeps its whole segment, rounded up to 2 MiB (arch.cuda_block_bytes). That is what the planner
+# or more keeps its whole segment, rounded up to 2 MiB (allocator.cuda_block_bytes). That is what the planner
 # missed on Gemma 3 1B (64 MiB), gpt-oss-20b (144 MiB) and Qwen2.5-7B AWQ (82 of 112 MiB). Measured, not
 # modelled: AWQ's other 30 MiB (34 scales and zero-point blocks of 1-2 MiB cut from shared 20 MiB segments
 # where 1 MiB or less was left over, which then stays with the block: where that happens depends on the
