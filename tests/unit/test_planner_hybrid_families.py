@@ -24,7 +24,7 @@ import pytest
 from gpufleet import vllm_log
 from gpufleet.planner import GpuDevice, PlanRequest, plan
 from gpufleet.planner.allocator import SharedSegments
-from gpufleet.planner.arch import GIB, parse_arch
+from gpufleet.planner.arch import GIB, layer_params, parse_arch
 from gpufleet.planner.hybrid import GatedDeltaNetShape, Mamba1Shape, MambaShape
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -189,3 +189,34 @@ def test_awq_on_the_h200_uses_machete() -> None:
     for name in ("qwen2.5-7b-awq-h200-eager", "qwen2.5-32b-awq-h200-eager"):
         log = (LOGS / f"{name}.log").read_text(encoding="utf-8")
         assert "Using MacheteLinearKernel for AutoAWQMarlinLinearMethod" in log
+
+
+ZAMBA2 = "Zamba2-Config-defaults"  # transformers' Zamba2Config defaults ("a Zamba2-2.7B style configuration")
+
+
+def test_zamba2_layers_follow_zamba2_py() -> None:
+    arch = parse_arch(config(ZAMBA2))
+    kinds = [arch.layer_kind(layer) for layer in range(54)]
+    # Nine hybrid layers (layers_block_type); the first also holds the one shared block (num_mem_blocks 1).
+    assert kinds.count("zamba_hybrid_shared") == 1
+    assert kinds.count("zamba_hybrid") == 8
+    assert all(arch.is_state_layer(layer) for layer in range(54))  # a Mamba-2 layer everywhere
+    # Attention over the concatenated 2 x hidden: 32 heads of 160, no GQA; lm_head tied to the embedding.
+    assert (arch.head_dim, arch.num_kv_heads, arch.tie_embeddings) == (160, 32, True)
+    shared = sum(p.out_features * max(p.in_features, 1) for p in layer_params(arch, 1, 6))
+    plain = sum(p.out_features * max(p.in_features, 1) for p in layer_params(arch, 1, 12))  # hybrid, unshared
+    hidden, inter = 2560, 10240
+    block = 3 * 32 * 160 * 2 * hidden + hidden * 2 * hidden + 2 * inter * hidden + hidden * inter + 3 * hidden
+    assert shared - plain == block
+    # A hybrid layer adds to a Mamba layer its hidden x hidden linear and the MLP's LoRA adapter (rank 128).
+    mamba = sum(p.out_features * max(p.in_features, 1) for p in layer_params(arch, 1, 11))
+    assert plain - mamba == hidden * hidden + 128 * hidden + 2 * inter * 128
+
+
+def test_zamba2_block_size_and_groups() -> None:
+    result = plan(PlanRequest(hf_config=config(ZAMBA2), gpus=(H200,), max_model_len=4096))
+    # Mamba state: conv 3 x (5120 + 2 x 64) x 2 + SSM 8 x 640 x 64 x 2 = 686,848 bytes; attention 20,480 bytes
+    # per token: cdiv(686848, 16 x 20480) = 3 -> 48 tokens. 9 attention and 54 Mamba layers: groups of 9.
+    assert result.block_size == 48
+    assert result.kv_cache_groups == 1 + 6
+    assert result.errors == []

@@ -70,7 +70,7 @@ def test_a_block_size_the_user_sets_is_raised_for_a_hybrid() -> None:
 
 @pytest.mark.parametrize(
     ("model_type", "family"),
-    [("zamba2", "Zamba2"), ("plamo2", "PLaMo 2"), ("kimi_linear", "Kimi Linear")],
+    [("lfm2", "LFM2"), ("plamo2", "PLaMo 2"), ("kimi_linear", "Kimi Linear")],
 )
 def test_other_hybrids_are_unmodelled_not_dense(model_type: str, family: str) -> None:
     hybrid = config("Qwen3-8B-FP8") | {"model_type": model_type}

@@ -46,7 +46,15 @@ from gpufleet.planner.base import (
 )
 from gpufleet.planner.base import config_int as _int
 from gpufleet.planner.base import config_opt_int as _opt_int
-from gpufleet.planner.hybrid import ATTENTION_KINDS, STATE_KINDS, StateMixer, parse_hybrid
+from gpufleet.planner.hybrid import (
+    ATTENTION_KINDS,
+    STATE_KINDS,
+    MambaShape,
+    StateMixer,
+    Zamba2Blocks,
+    parse_hybrid,
+    parse_zamba2_blocks,
+)
 from gpufleet.planner.multimodal import MODELLED as MULTIMODAL_MODELLED
 from gpufleet.planner.multimodal import VisionTower, parse_vision
 
@@ -162,6 +170,7 @@ class ModelArch:
     mamba: StateMixer | None = None
     # Qwen3-Next's gated attention: q_proj also yields a sigmoid gate per head (attn_output_gate).
     attention_output_gate: bool = False
+    zamba2: Zamba2Blocks | None = None  # Zamba2's shared transformer blocks
     # Nemotron-H: a block is one mixer *or* one MLP, with one norm (no MLP beside a mixer).
     single_module_blocks: bool = False
     vision: VisionTower | None = None  # a multimodal model's vision tower and projector
@@ -272,8 +281,14 @@ def parse_arch(config: Mapping[str, Any]) -> ModelArch:
         )
     architecture = str(architectures[0]) if architectures else ""
     kinds, mamba = parse_hybrid(config, model_type, layers)
-    no_rotary = model_type in {"nemotron_h", "jamba"} or (
-        model_type == "granitemoehybrid" and config.get("position_embedding_type", "rope") != "rope"
+    zamba2 = parse_zamba2_blocks(config) if model_type == "zamba2" else None
+    if zamba2 is not None:  # attention over 2 x hidden: heads of 2 x hidden / heads (Zamba2Config)
+        head_dim, kv_heads, rotary = zamba2.head_dim, zamba2.num_kv_heads, zamba2.head_dim
+        intermediate = zamba2.intermediate_size
+    no_rotary = (
+        model_type in {"nemotron_h", "jamba"}
+        or (model_type == "zamba2" and not config.get("use_mem_rope", False))
+        or (model_type == "granitemoehybrid" and config.get("position_embedding_type", "rope") != "rope")
     )
     return ModelArch(
         model_type=model_type,
@@ -284,7 +299,9 @@ def parse_arch(config: Mapping[str, Any]) -> ModelArch:
         num_kv_heads=_int({"num_key_value_heads": kv_heads}, "num_key_value_heads"),
         head_dim=_int({"head_dim": head_dim}, "head_dim"),
         vocab_size=_int(config, "vocab_size"),
-        tie_embeddings=bool(config.get("tie_word_embeddings", model_type in FOUR_NORM_TYPES)),
+        # zamba2.py ties lm_head to the embedding whatever the config says.
+        tie_embeddings=model_type == "zamba2"
+        or bool(config.get("tie_word_embeddings", model_type in FOUR_NORM_TYPES)),
         # vLLM's Qwen2 attention always has q/k/v biases; Llama-style models follow attention_bias.
         qkv_bias=model_type in QKV_BIAS_TYPES or attention_bias,
         o_bias=attention_bias and model_type not in QKV_BIAS_TYPES,
@@ -303,6 +320,7 @@ def parse_arch(config: Mapping[str, Any]) -> ModelArch:
         mamba=mamba,
         single_module_blocks=model_type == "nemotron_h",
         attention_output_gate=model_type == "qwen3_next" and bool(config.get("attn_output_gate", True)),
+        zamba2=zamba2,
         vision=vision,
         local_rotary_positions=_opt_int(config, "max_position_embeddings")
         if model_type in {"gemma3_text", "gemma3"}
@@ -678,6 +696,8 @@ def layer_params(arch: ModelArch, tp: int | Parallelism, layer: int = 0) -> list
     """Decoder layer ``layer``'s parameters on one rank, in vLLM's registration order."""
     par = tp if isinstance(tp, Parallelism) else Parallelism(tp)
     kind = arch.layer_kind(layer)
+    if arch.zamba2 is not None and isinstance(arch.mamba, MambaShape):
+        return arch.zamba2.layer_params(arch.mamba, kind, par.tp)
     if arch.single_module_blocks:  # Nemotron-H: one mixer or MLP, one norm
         if kind == "mamba" and arch.mamba is not None:
             params = arch.mamba.params(arch.hidden_size, par.tp)

@@ -37,6 +37,7 @@ KNOWN_MODEL_TYPES = frozenset(
         "falcon_h1",
         "jamba",
         "qwen3_next",
+        "zamba2",
         "qwen2_5_vl",
         "qwen3_vl_text",
         "qwen3_vl_moe_text",

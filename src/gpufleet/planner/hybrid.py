@@ -9,6 +9,8 @@ Read from vLLM 0.24.0's code:
 - Mamba-1 (``layers/mamba/mamba_mixer.py``, ``MambaMixer``): Jamba (``jamba.py``: attention every
   ``attn_layer_period`` layers from ``attn_layer_offset``, the others Mamba; MoE every ``expert_layer_period``
   layers from ``expert_layer_offset``). Its linear layers are built without ``quant_config``.
+- Zamba2 (``zamba2.py``): a Mamba-2 layer everywhere, the "hybrid" layers after a shared transformer block
+  (:class:`Zamba2Blocks`), each with its own KV cache.
 - Gated DeltaNet (``layers/mamba/gdn/qwen_gdn_linear_attn.py``, ``QwenGatedDeltaNetAttention``): Qwen3-Next
   (``qwen3_next.py``: ``layer_types`` or one full-attention layer every ``full_attention_interval``).
 
@@ -29,8 +31,10 @@ from gpufleet.planner.base import Param, PlannerInputError, PlannerUnmodelledErr
 
 # Layer kinds: "attention" (a KV cache), "mamba" (a state layer), "parallel" (both, Falcon-H1), "mlp" (a
 # Nemotron-H block without a mixer).
-ATTENTION_KINDS = frozenset({"attention", "parallel"})
-STATE_KINDS = frozenset({"mamba", "parallel"})
+# Zamba2: "zamba_hybrid" (a Mamba-2 layer after the shared transformer block, with its own KV cache),
+# "zamba_hybrid_shared" (the first use of a shared block, which also holds the block's weights).
+ATTENTION_KINDS = frozenset({"attention", "parallel", "zamba_hybrid", "zamba_hybrid_shared"})
+STATE_KINDS = frozenset({"mamba", "parallel", "zamba_hybrid", "zamba_hybrid_shared"})
 
 
 @dataclass(frozen=True)
@@ -192,10 +196,84 @@ class GatedDeltaNetShape:
 
 StateMixer = MambaShape | Mamba1Shape | GatedDeltaNetShape
 
+
+@dataclass(frozen=True)
+class Zamba2Blocks:
+    """Zamba2's shared transformer blocks (vLLM's zamba2.py, sizes as transformers' Zamba2Config derives
+    them): ``num_mem_blocks`` blocks cycled over the hybrid layers; each block is attention over the
+    concatenated ``2 x hidden`` input (``qkv_proj`` to ``heads x attention_head_dim`` each for q, k and v,
+    ``o_proj`` back to hidden, no biases), a gated GELU MLP (biases with ``add_bias_linear``) and two RMSNorms
+    (``2 x hidden`` and hidden). Every hybrid layer keeps, beside its Mamba-2 layer, a ``hidden x hidden``
+    ``linear``, the MLP's LoRA adapter (``hidden -> adapter_rank -> 2 x intermediate``) and, with
+    ``use_shared_attention_adapter``, q/k/v adapters (``2 x hidden -> rank -> 2 x hidden``), and its own
+    Attention (KV cache). ``lm_head`` is always tied to the embedding."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    adapter_rank: int
+    attention_adapters: bool
+    bias: bool
+
+    def layer_params(self, mamba: MambaShape, kind: str, tp: int) -> list[Param]:
+        hidden, rank = self.hidden_size, self.adapter_rank
+        params = [*mamba.params(hidden, tp), Param("input_layernorm.weight", hidden)]
+        if kind == "mamba":
+            return params
+        inter = self.intermediate_size // tp
+        params += [
+            Param("linear.weight", hidden, hidden),  # ReplicatedLinear
+            Param("gate_up_proj_adapter.A.weight", -(-rank // tp), hidden),
+            Param("gate_up_proj_adapter.B.weight", 2 * inter, rank, shards=2),
+        ]
+        if self.attention_adapters:
+            for name in ("q", "k", "v"):
+                params += [
+                    Param(f"linear_{name}_adapter.A.weight", -(-rank // tp), 2 * hidden),
+                    Param(f"linear_{name}_adapter.B.weight", 2 * hidden // tp, rank),
+                ]
+        if kind == "zamba_hybrid_shared":
+            heads, kv_heads = -(-self.num_heads // tp), max(1, -(-self.num_kv_heads // tp))
+            params += [
+                Param(
+                    "self_attn.qkv_proj.weight", (heads + 2 * kv_heads) * self.head_dim, 2 * hidden, shards=3
+                ),
+                Param("self_attn.o_proj.weight", hidden, 2 * hidden // tp),
+                Param("feed_forward.gate_up_proj.weight", 2 * inter, hidden, shards=2),
+                Param("feed_forward.down_proj.weight", hidden, inter),
+                Param("shared.input_layernorm.weight", 2 * hidden),
+                Param("shared.pre_ff_layernorm.weight", hidden),
+            ]
+            if self.bias:
+                params += [
+                    Param("feed_forward.gate_up_proj.bias", 2 * inter),
+                    Param("feed_forward.down_proj.bias", hidden),
+                ]
+        return params
+
+
+def parse_zamba2_blocks(config: Mapping[str, Any]) -> Zamba2Blocks:
+    """transformers' Zamba2Config: intermediate_size 4 x hidden when missing, attention_head_dim 2 x hidden /
+    heads, num_key_value_heads = heads when missing."""
+    hidden = config_int(config, "hidden_size")
+    heads = config_int(config, "num_attention_heads")
+    return Zamba2Blocks(
+        hidden_size=hidden,
+        intermediate_size=config_opt_int(config, "intermediate_size") or 4 * hidden,
+        num_heads=heads,
+        num_kv_heads=config_opt_int(config, "num_key_value_heads") or heads,
+        head_dim=config_opt_int(config, "attention_head_dim") or 2 * hidden // heads,
+        adapter_rank=config_opt_int(config, "adapter_rank") or 128,
+        attention_adapters=bool(config.get("use_shared_attention_adapter", False)),
+        bias=bool(config.get("add_bias_linear", False)),
+    )
+
+
 # Hybrid families vLLM 0.24 serves whose state-space or linear-attention layers the planner does not build
 # yet.
 UNMODELLED_HYBRIDS = {
-    "zamba2": "Zamba2",
     "plamo2": "PLaMo 2",
     "lfm2": "LFM2",
     "kimi_linear": "Kimi Linear",
@@ -218,7 +296,7 @@ def parse_hybrid(
         raise PlannerUnmodelledError(
             f"config.json: model_type: found {model_type!r} ({UNMODELLED_HYBRIDS[model_type]}); expected a "
             "model the planner can size. Fix: the planner models the hybrids Nemotron-H, Granite 4.0 H, "
-            "Falcon-H1, Jamba and Qwen3-Next only; size this one by hand"
+            "Falcon-H1, Jamba, Qwen3-Next and Zamba2 only; size this one by hand"
         )
     if model_type in REMOVED_HYBRIDS:
         # Unmodelled, not a wrong input: a fleet pinned to an older vLLM image may serve it (validate warns).
@@ -339,7 +417,50 @@ def _qwen3_next(config: Mapping[str, Any], layers: int) -> tuple[tuple[str, ...]
     )
 
 
+def _zamba2(config: Mapping[str, Any], layers: int) -> tuple[tuple[str, ...], StateMixer | None]:
+    """zamba2.py: every layer is a Mamba-2 layer; the "hybrid" ones (``layers_block_type``, transformers'
+    default pattern when missing) run a shared transformer block first."""
+    types = config.get("layers_block_type")
+    if not isinstance(types, list) or len(types) != layers:
+        types = [
+            "mamba",
+            *(["mamba"] * 5 + ["hybrid"]) * 7,
+            *["mamba"] * 4,
+            "hybrid",
+            *["mamba"] * 3,
+            "hybrid",
+        ]
+        types += ["mamba"] * 2
+        if len(types) != layers:
+            raise PlannerInputError(
+                f"config.json: layers_block_type: found {config.get('layers_block_type')!r}; expected "
+                f"'mamba' or 'hybrid' per layer ({layers}). Fix: point the planner at the model's own "
+                "config.json"
+            )
+    shared = config_opt_int(config, "num_mem_blocks") or 1
+    kinds: list[str] = []
+    for kind in types:
+        used = sum(1 for seen in kinds if seen != "mamba")
+        kinds.append(
+            "mamba" if kind != "hybrid" else "zamba_hybrid_shared" if used < shared else "zamba_hybrid"
+        )
+    hidden = config_int(config, "hidden_size")
+    inner = (config_opt_int(config, "mamba_expand") or 2) * hidden
+    heads = config_opt_int(config, "n_mamba_heads") or 8
+    return tuple(kinds), MambaShape(
+        num_heads=heads,
+        head_dim=inner // heads,
+        state_size=config_opt_int(config, "mamba_d_state") or 64,
+        n_groups=config_opt_int(config, "mamba_ngroups") or 1,
+        conv_kernel=config_opt_int(config, "mamba_d_conv") or 4,
+        intermediate_size=inner,
+        conv_bias=bool(config.get("use_conv_bias", True)),
+        proj_bias=bool(config.get("add_bias_linear", False)),
+    )
+
+
 _PARSERS = {
+    "zamba2": _zamba2,
     "nemotron_h": _nemotron_h,
     "granitemoehybrid": _granite,
     "falcon_h1": _falcon_h1,
