@@ -21,17 +21,17 @@ from gpufleet.planner import (
     load_model_config,
     plan,
 )
+from gpufleet.planner.allocator import cuda_block_bytes
 from gpufleet.planner.arch import (
     GIB,
-    Param,
     Quantization,
-    cuda_block_bytes,
     is_nvidia,
     param_bytes,
     param_tensors,
     parse_arch,
     pp_layer_split,
 )
+from gpufleet.planner.base import Param
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 REPO = Path(__file__).resolve().parents[2]
@@ -275,8 +275,9 @@ def test_explicit_head_dim_wins_over_hidden_over_heads() -> None:
 
 
 def test_explicit_head_dim_sizes_attention_weights() -> None:
-    narrow = plan_for(llama()).stages[0].decoder_layers_gib
-    wide = plan_for(llama(head_dim=128)).stages[0].decoder_layers_gib
+    # params_for: tensors as they are (plan_for's CUDA allocator blocks and shared segments would blur it).
+    narrow = params_for(llama()).stages[0].decoder_layers_gib
+    wide = params_for(llama(head_dim=128)).stages[0].decoder_layers_gib
     # q (16 heads), k and v (4 heads each) and o (16 heads) grow by 64 per head: 1024 x 64 x 40 per layer.
     assert (wide - narrow) * GIB == 8 * 1024 * 64 * 40 * 2
 

@@ -8,7 +8,7 @@ and :mod:`~gpufleet.planner.report` shows a plan (rich; imported only where some
 
 from __future__ import annotations
 
-from gpufleet.planner.arch import PlannerInputError, PlannerUnmodelledError
+from gpufleet.planner.base import PlannerInputError, PlannerUnmodelledError
 from gpufleet.planner.core import load_model_config, plan
 from gpufleet.planner.model import GpuDevice, KvCapacity, Plan, PlanRequest, StagePlan, kv_cache_capacity
 

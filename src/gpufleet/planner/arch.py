@@ -24,7 +24,7 @@ Everything here mirrors how vLLM 0.24 builds the model, so the figures are compu
 - The rotary cos/sin cache (``max_position x rotary_dim`` in the model dtype; two for Gemma 3's local and
   global RoPE) is counted: vLLM's "Model loading took" includes it.
 - On an NVIDIA GPU every tensor counts as the block PyTorch's caching allocator gives it while vLLM loads
-  (:func:`cuda_block_bytes`): the figure is ``memory_allocated()``, which counts blocks.
+  (:mod:`gpufleet.planner.allocator`): the figure is ``memory_allocated()``, which counts blocks.
 - KV bytes per token and layer: ``2 x KV heads per rank x head_dim x dtype`` for standard attention;
   ``(kv_lora_rank + qk_rope_head_dim) x dtype`` for MLA, whole on every tensor-parallel rank. Layers with
   a sliding window form their own KV-cache groups (vLLM's hybrid allocator, see
@@ -39,6 +39,22 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpufleet.planner.base import (
+    Param,
+    PlannerInputError,
+    PlannerUnmodelledError,
+)
+from gpufleet.planner.base import config_int as _int
+from gpufleet.planner.base import config_opt_int as _opt_int
+from gpufleet.planner.hybrid import (
+    ATTENTION_KINDS,
+    STATE_KINDS,
+    MambaShape,
+    StateMixer,
+    Zamba2Blocks,
+    parse_hybrid,
+    parse_zamba2_blocks,
+)
 from gpufleet.planner.multimodal import MODELLED as MULTIMODAL_MODELLED
 from gpufleet.planner.multimodal import VisionTower, parse_vision
 
@@ -84,17 +100,10 @@ MAX_LEN_KEYS = (
     "seq_len",
 )
 QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_moe", "qwen2_5_vl", "qwen2_vl"})
-QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe", "gemma3_text", "gemma3"})
+QK_NORM_TYPES = frozenset(
+    {"qwen3", "qwen3_moe", "qwen3_next", "qwen3_vl_text", "qwen3_vl_moe_text", "gemma3_text", "gemma3"}
+)
 FOUR_NORM_TYPES = frozenset({"gemma2", "gemma3_text", "gemma3"})  # pre/post attention and feed-forward
-
-
-class PlannerInputError(ValueError):
-    """Input the planner cannot work with: an unreadable config.json, an unknown dtype or quantization."""
-
-
-class PlannerUnmodelledError(PlannerInputError):
-    """A valid model the planner does not model (a vision tower, DeepSeek-V4, a quantization method it lacks):
-    validation warns and goes on; any other PlannerInputError is a wrong input and is refused."""
 
 
 @dataclass(frozen=True)
@@ -129,47 +138,6 @@ class MlaShape:
 
 
 @dataclass(frozen=True)
-class MambaShape:
-    """A Mamba-2 mixer (vLLM's ``MambaMixer2``) as a hybrid model's state-space layers build it."""
-
-    num_heads: int
-    head_dim: int
-    state_size: int  # N: ssm_state_size / mamba_d_state
-    n_groups: int
-    conv_kernel: int
-    intermediate_size: int  # num_heads x head_dim (Nemotron-H) or mamba_expand x hidden (Granite 4.0 H)
-    conv_bias: bool = True
-    proj_bias: bool = False
-    # The temporal (SSM) state's dtype when vLLM fixes it: Nemotron-H's is float32
-    # (NemotronHForCausalLMConfig.DEFAULT_MAMBA_SSM_CACHE_DTYPE); 0 = the model dtype (mamba_cache_dtype
-    # auto).
-    ssm_state_dtype_bytes: int = 0
-
-    def groups(self, tp: int) -> int:
-        """n_groups as each rank holds them: vLLM replicates a single group so that it follows the head
-        shards (``MambaStateShapeCalculator.extra_groups_for_head_shards``)."""
-        return self.n_groups if self.n_groups % tp == 0 else tp
-
-    def conv_dim(self, tp: int) -> int:
-        """Channels of the depthwise convolution on one rank: x, B and C."""
-        return (self.intermediate_size + 2 * self.groups(tp) * self.state_size) // tp
-
-    def state_bytes(self, tp: int, dtype_bytes: int) -> int:
-        """One sequence's state in one Mamba layer on one rank (vLLM's MambaSpec page before padding): the
-        conv state ``(conv_kernel - 1) x conv_dim`` in the model dtype plus the SSM state ``heads x head_dim x
-        state_size`` (``mamba2_state_shape``)."""
-        conv = (self.conv_kernel - 1) * self.conv_dim(tp) * dtype_bytes
-        ssm = (
-            self.num_heads
-            // tp
-            * self.head_dim
-            * self.state_size
-            * (self.ssm_state_dtype_bytes or dtype_bytes)
-        )
-        return conv + ssm
-
-
-@dataclass(frozen=True)
 class ModelArch:
     """The shape of a decoder-only transformer, as read from config.json."""
 
@@ -199,7 +167,10 @@ class ModelArch:
     # Hybrid state-space models: each layer's mixer ("attention" or "mamba"; Nemotron-H's blocks also "mlp",
     # a block with an MLP and no mixer). Empty: attention everywhere.
     layer_kinds: tuple[str, ...] = ()
-    mamba: MambaShape | None = None
+    mamba: StateMixer | None = None
+    # Qwen3-Next's gated attention: q_proj also yields a sigmoid gate per head (attn_output_gate).
+    attention_output_gate: bool = False
+    zamba2: Zamba2Blocks | None = None  # Zamba2's shared transformer blocks
     # Nemotron-H: a block is one mixer *or* one MLP, with one norm (no MLP beside a mixer).
     single_module_blocks: bool = False
     vision: VisionTower | None = None  # a multimodal model's vision tower and projector
@@ -214,8 +185,12 @@ class ModelArch:
         return self.layer_kinds[layer] if self.layer_kinds else "attention"
 
     def is_attention_layer(self, layer: int) -> bool:
-        """Whether the layer holds a KV cache (an attention mixer)."""
-        return self.layer_kind(layer) == "attention"
+        """Whether the layer holds a KV cache (an attention mixer, alone or beside a Mamba one)."""
+        return self.layer_kind(layer) in ATTENTION_KINDS
+
+    def is_state_layer(self, layer: int) -> bool:
+        """Whether the layer holds a fixed per-sequence state (Mamba, gated DeltaNet)."""
+        return self.mamba is not None and self.layer_kind(layer) in STATE_KINDS
 
     def window(self, layer: int) -> int | None:
         return self.layer_windows[layer] if self.layer_windows else None
@@ -243,23 +218,6 @@ class Quantization:
 
 
 @dataclass(frozen=True)
-class Param:
-    """One parameter of a decoder layer on one rank; ``in_features == 0`` marks a vector (bias, norm)."""
-
-    name: str
-    out_features: int
-    in_features: int = 0
-    shards: int = 1  # logical shards fused into one parameter (q/k/v, gate/up): one fp8 scale each
-    copies: int = 1  # fused MoE experts: one (out x in) matrix per local expert
-    quantizable: bool = True  # routers, gates and norms are never quantized
-    dtype_bytes: int = 0  # fixed element size (float32 sinks or score biases); 0 = the model dtype
-
-    @property
-    def is_linear(self) -> bool:
-        return self.in_features > 0
-
-
-@dataclass(frozen=True)
 class DerivedMaxLen:
     value: int
     source: str  # how vLLM words it: "max_position_embeddings=40960"
@@ -278,27 +236,9 @@ class Parallelism:
         return self.tp * self.data_parallel if self.expert_parallel else 1
 
 
-def _int(config: Mapping[str, Any], key: str) -> int:
-    value = config.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise PlannerInputError(
-            f"config.json: {key}: found {value!r}; expected a positive integer. "
-            "Fix: point the planner at the model's own config.json (a decoder-only transformer)"
-        )
-    return value
-
-
-def _opt_int(config: Mapping[str, Any], *keys: str) -> int:
-    for key in keys:
-        value = config.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return 0
-
-
 def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
     """The language model's config: multimodal wrappers keep it under ``text_config``."""
-    inner = config.get("text_config")
+    inner = config.get("text_config") or config.get("llm_config")  # InternVLChatModel: llm_config
     if "hidden_size" not in config and isinstance(inner, dict):
         merged = dict(inner)
         for key in ("torch_dtype", "dtype", "quantization_config", "architectures", "tie_word_embeddings"):
@@ -327,7 +267,9 @@ def parse_arch(config: Mapping[str, Any]) -> ModelArch:
     layers = _int(config, "num_hidden_layers")
     mla = _parse_mla(config)
     moe = _parse_moe(config, layers)
-    intermediate = _opt_int(config, "intermediate_size", "ffn_dim") or (moe.intermediate_size if moe else 0)
+    # Llama 4's dense layers use intermediate_size_mlp (intermediate_size is the experts').
+    keys = ("intermediate_size_mlp",) if model_type == "llama4_text" else ("intermediate_size", "ffn_dim")
+    intermediate = _opt_int(config, *keys) or (moe.intermediate_size if moe else 0)
     rotary = mla.qk_rope_head_dim if mla else int(head_dim * float(config.get("partial_rotary_factor", 1.0)))
     architectures = config.get("architectures")
     if architectures is not None and not (
@@ -338,9 +280,15 @@ def parse_arch(config: Mapping[str, Any]) -> ModelArch:
             "['Qwen2ForCausalLM']. Fix: point the planner at the model's own config.json"
         )
     architecture = str(architectures[0]) if architectures else ""
-    kinds, mamba = _parse_hybrid(config, model_type, layers)
-    no_rotary = model_type == "nemotron_h" or (
-        model_type == "granitemoehybrid" and config.get("position_embedding_type", "rope") != "rope"
+    kinds, mamba = parse_hybrid(config, model_type, layers)
+    zamba2 = parse_zamba2_blocks(config) if model_type == "zamba2" else None
+    if zamba2 is not None:  # attention over 2 x hidden: heads of 2 x hidden / heads (Zamba2Config)
+        head_dim, kv_heads, rotary = zamba2.head_dim, zamba2.num_kv_heads, zamba2.head_dim
+        intermediate = zamba2.intermediate_size
+    no_rotary = (
+        model_type in {"nemotron_h", "jamba"}
+        or (model_type == "zamba2" and not config.get("use_mem_rope", False))
+        or (model_type == "granitemoehybrid" and config.get("position_embedding_type", "rope") != "rope")
     )
     return ModelArch(
         model_type=model_type,
@@ -351,7 +299,9 @@ def parse_arch(config: Mapping[str, Any]) -> ModelArch:
         num_kv_heads=_int({"num_key_value_heads": kv_heads}, "num_key_value_heads"),
         head_dim=_int({"head_dim": head_dim}, "head_dim"),
         vocab_size=_int(config, "vocab_size"),
-        tie_embeddings=bool(config.get("tie_word_embeddings", model_type in FOUR_NORM_TYPES)),
+        # zamba2.py ties lm_head to the embedding whatever the config says.
+        tie_embeddings=model_type == "zamba2"
+        or bool(config.get("tie_word_embeddings", model_type in FOUR_NORM_TYPES)),
         # vLLM's Qwen2 attention always has q/k/v biases; Llama-style models follow attention_bias.
         qkv_bias=model_type in QKV_BIAS_TYPES or attention_bias,
         o_bias=attention_bias and model_type not in QKV_BIAS_TYPES,
@@ -369,93 +319,13 @@ def parse_arch(config: Mapping[str, Any]) -> ModelArch:
         layer_kinds=kinds,
         mamba=mamba,
         single_module_blocks=model_type == "nemotron_h",
+        attention_output_gate=model_type == "qwen3_next" and bool(config.get("attn_output_gate", True)),
+        zamba2=zamba2,
         vision=vision,
         local_rotary_positions=_opt_int(config, "max_position_embeddings")
         if model_type in {"gemma3_text", "gemma3"}
         else 0,
     )
-
-
-# Hybrid families vLLM 0.24 serves whose state-space or linear-attention layers the planner does not build
-# yet.
-UNMODELLED_HYBRIDS = {
-    "falcon_h1": "Falcon-H1",
-    "jamba": "Jamba",
-    "zamba2": "Zamba2",
-    "qwen3_next": "Qwen3-Next (gated DeltaNet)",
-    "minimax": "MiniMax (lightning attention)",
-    "minimax_m1": "MiniMax (lightning attention)",
-    "minimax_text_01": "MiniMax (lightning attention)",
-    "bamba": "Bamba",
-    "plamo2": "PLaMo 2",
-    "lfm2": "LFM2",
-    "kimi_linear": "Kimi Linear",
-}
-NEMOTRON_H_BLOCKS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
-
-
-def _parse_hybrid(
-    config: Mapping[str, Any], model_type: str, layers: int
-) -> tuple[tuple[str, ...], MambaShape | None]:
-    """Layer kinds and the Mamba-2 mixer of a hybrid state-space model (vLLM 0.24's nemotron_h.py and
-    granitemoehybrid.py); nothing for a transformer."""
-    if model_type in UNMODELLED_HYBRIDS:
-        raise PlannerUnmodelledError(
-            f"config.json: model_type: found {model_type!r} ({UNMODELLED_HYBRIDS[model_type]}); expected a "
-            "model the planner can size. Fix: the planner models the Mamba-2 hybrids Nemotron-H and "
-            "Granite 4.0 H only; size this one by hand"
-        )
-    if model_type == "nemotron_h":
-        pattern = str(config.get("hybrid_override_pattern", ""))
-        if len(pattern) != layers or any(char not in NEMOTRON_H_BLOCKS for char in pattern):
-            raise PlannerInputError(
-                f"config.json: hybrid_override_pattern: found {pattern!r}; expected one of M, *, -, E per "
-                f"layer ({layers}). Fix: point the planner at the model's own config.json"
-            )
-        if "E" in pattern:
-            raise PlannerUnmodelledError(
-                "config.json: hybrid_override_pattern: found MoE blocks (E); expected Mamba (M), attention "
-                "(*) and MLP (-) blocks. Fix: the planner does not model Nemotron-H's MoE blocks yet; "
-                "size it by hand"
-            )
-        heads = _int(config, "mamba_num_heads")
-        head_dim = _int(config, "mamba_head_dim")
-        return tuple(NEMOTRON_H_BLOCKS[char] for char in pattern), MambaShape(
-            num_heads=heads,
-            head_dim=head_dim,
-            state_size=_opt_int(config, "ssm_state_size") or 128,
-            n_groups=_opt_int(config, "n_groups", "mamba_n_groups") or 8,
-            conv_kernel=_opt_int(config, "conv_kernel", "mamba_d_conv") or 4,
-            intermediate_size=heads * head_dim,
-            conv_bias=bool(config.get("use_conv_bias", config.get("mamba_conv_bias", True))),
-            proj_bias=bool(config.get("use_bias", False)),
-            ssm_state_dtype_bytes=_ssm_dtype_bytes(config.get("mamba_ssm_cache_dtype", "float32")),
-        )
-    if model_type == "granitemoehybrid":
-        types = config.get("layer_types")
-        if not isinstance(types, list) or len(types) != layers:
-            raise PlannerInputError(
-                f"config.json: layer_types: found {types!r}; expected 'mamba' or 'attention' per layer "
-                f"({layers}). Fix: point the planner at the model's own config.json"
-            )
-        kinds = tuple("mamba" if kind == "mamba" else "attention" for kind in types)
-        if "mamba" not in kinds:  # granite-4.0-micro: the hybrid class with attention only
-            return (), None
-        return kinds, MambaShape(
-            num_heads=_int(config, "mamba_n_heads"),
-            head_dim=_int(config, "mamba_d_head"),
-            state_size=_opt_int(config, "mamba_d_state") or 128,
-            n_groups=_opt_int(config, "mamba_n_groups") or 1,
-            conv_kernel=_opt_int(config, "mamba_d_conv") or 4,
-            intermediate_size=(_opt_int(config, "mamba_expand") or 2) * _int(config, "hidden_size"),
-            conv_bias=bool(config.get("mamba_conv_bias", True)),
-            proj_bias=bool(config.get("mamba_proj_bias", False)),
-        )
-    return (), None
-
-
-def _ssm_dtype_bytes(name: object) -> int:
-    return {"float32": 4, "float16": 2, "bfloat16": 2}.get(str(name), 0)
 
 
 def _parse_mla(config: Mapping[str, Any]) -> MlaShape | None:
@@ -481,19 +351,27 @@ def _parse_moe(config: Mapping[str, Any], layers: int) -> MoeShape | None:
     shared = _opt_int(config, "shared_expert_intermediate_size", "shared_intermediate_size")
     if not shared and _opt_int(config, "n_shared_experts"):
         shared = _opt_int(config, "n_shared_experts") * per_expert
+    if model_type == "llama4_text":  # llama4.py: one shared expert as large as a routed one
+        shared = shared or per_expert
     dense = set(range(min(_opt_int(config, "first_k_dense_replace"), layers)))
     only = config.get("mlp_only_layers")
     if isinstance(only, list):
         dense |= {int(layer) for layer in only if isinstance(layer, int)}
-    step = _opt_int(config, "decoder_sparse_step", "moe_layer_freq") or 1
+    step = _opt_int(config, "decoder_sparse_step", "moe_layer_freq", "interleave_moe_layer_step") or 1
     if step > 1:
         dense |= {layer for layer in range(layers) if (layer + 1) % step}
+    if model_type == "jamba":  # jamba.py: layers_num_experts, MoE where layer % period == offset
+        period = _opt_int(config, "expert_layer_period") or 2
+        offset = config.get("expert_layer_offset", 1)
+        dense |= {
+            layer for layer in range(layers) if layer % period != (offset if isinstance(offset, int) else 1)
+        }
     return MoeShape(
         num_experts=experts,
         intermediate_size=_int({"moe_intermediate_size": per_expert}, "moe_intermediate_size"),
         top_k=_opt_int(config, "num_experts_per_tok", "experts_per_token", "moe_topk") or 1,
         shared_intermediate_size=shared,
-        shared_expert_gate=model_type == "qwen2_moe" and shared > 0,
+        shared_expert_gate=model_type in {"qwen2_moe", "qwen3_next"} and shared > 0,
         dense_layers=frozenset(dense),
         router_bias=model_type == "gpt_oss",
         expert_bias=model_type == "gpt_oss",
@@ -505,6 +383,12 @@ def _layer_windows(  # noqa: PLR0911  (one return per family rule reads best)
     config: Mapping[str, Any], model_type: str, layers: int
 ) -> tuple[int | None, ...]:
     """Each layer's sliding window as vLLM 0.24 applies it (empty: full attention everywhere)."""
+    chunk = _opt_int(config, "attention_chunk_size")
+    rope_layers = config.get("no_rope_layers")
+    if model_type == "llama4_text" and chunk and isinstance(rope_layers, list) and len(rope_layers) == layers:
+        # llama4.py: the RoPE layers use ChunkedLocalAttention, whose KV cache holds about one chunk per
+        # request (ChunkedLocalAttentionSpec, planned as a window of the chunk); the NoPE layers are global.
+        return tuple(chunk if rope_layers[layer] else None for layer in range(layers))
     window = config.get("sliding_window")
     if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
         return ()
@@ -533,12 +417,12 @@ def _refuse_unsupported(config: Mapping[str, Any]) -> None:
     multimodal = isinstance(config.get("vision_config"), dict) or (
         "hidden_size" not in config and isinstance(config.get("text_config"), dict)
     )
-    if multimodal and name not in MULTIMODAL_MODELLED:
+    if multimodal and name not in MULTIMODAL_MODELLED and parse_vision(config) is None:
         modelled = ", ".join(MULTIMODAL_MODELLED)
         raise PlannerUnmodelledError(
             f"config.json: architectures: found the multimodal model {name}; expected a text-only decoder or "
-            f"one of {modelled}. Fix: the planner does not model this family's vision tower; size this "
-            "deployment by hand"
+            f"one of {modelled}, or a vision_config with the tower's hidden_size and num_hidden_layers. Fix: "
+            "the planner does not model this family's vision tower; size this deployment by hand"
         )
     if config.get("num_nextn_predict_layers") and config.get("model_type") == "deepseek_v4":
         raise PlannerUnmodelledError(
@@ -548,8 +432,12 @@ def _refuse_unsupported(config: Mapping[str, Any]) -> None:
 
 
 def config_dtype(config: Mapping[str, Any]) -> str | None:
-    raw = config.get("torch_dtype") or config.get("dtype")
-    return DTYPE_ALIASES.get(str(raw).lower()) if raw else None
+    """The checkpoint's dtype as vLLM 0.24 finds it (``ModelArchConfigConvertorBase.get_torch_dtype``): the
+    top level's, else the text config's, else the vision config's (multimodal configs nest it)."""
+    for part in (config, config.get("text_config"), config.get("vision_config")):
+        if isinstance(part, Mapping) and (raw := part.get("torch_dtype") or part.get("dtype")):
+            return DTYPE_ALIASES.get(str(raw).lower())
+    return None
 
 
 def resolve_dtype(requested: str, config: Mapping[str, Any]) -> str:
@@ -735,7 +623,8 @@ def _attention_params(arch: ModelArch, tp: int) -> list[Param]:
             Param("kv_b_proj.weight", q_heads * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank),
             Param("o_proj.weight", hidden, q_heads * mla.v_head_dim),
         ]
-    qkv_out = (q_heads + 2 * kv_heads) * arch.head_dim
+    # Qwen3-Next's q_proj yields the queries and their output gate (heads x head_dim x 2).
+    qkv_out = (q_heads * (2 if arch.attention_output_gate else 1) + 2 * kv_heads) * arch.head_dim
     params = [Param("qkv_proj.weight", qkv_out, hidden, shards=3)]
     if arch.qkv_bias:
         params.append(Param("qkv_proj.bias", qkv_out))
@@ -794,31 +683,6 @@ def _moe_mlp(arch: ModelArch, moe: MoeShape, par: Parallelism) -> list[Param]:
     return params
 
 
-def _mamba_params(mamba: MambaShape, hidden: int, tp: int) -> list[Param]:
-    """vLLM 0.24's MambaMixer2 on one rank: in_proj (z, x, B, C, dt), the depthwise conv1d (never quantized:
-    built with quant_config=None), A (float32), D, dt_bias, the gated RMSNorm and out_proj."""
-    heads = mamba.num_heads // tp
-    inner = mamba.intermediate_size // tp
-    conv = mamba.conv_dim(tp)
-    in_out = inner + conv + heads
-    params = [Param("mixer.in_proj.weight", in_out, hidden, shards=5)]
-    if mamba.proj_bias:
-        params.append(Param("mixer.in_proj.bias", in_out))
-    params.append(Param("mixer.conv1d.weight", conv, mamba.conv_kernel, quantizable=False))
-    if mamba.conv_bias:
-        params.append(Param("mixer.conv1d.bias", conv))
-    params += [
-        Param("mixer.A", heads, dtype_bytes=4),
-        Param("mixer.D", heads),
-        Param("mixer.dt_bias", heads),
-        Param("mixer.out_proj.weight", hidden, inner),
-    ]
-    if mamba.proj_bias:
-        params.append(Param("mixer.out_proj.bias", hidden))
-    params.append(Param("mixer.norm.weight", inner))
-    return params
-
-
 def _relu2_mlp(arch: ModelArch, tp: int) -> list[Param]:
     """Nemotron-H's MLP block: up_proj and down_proj, no gate (squared ReLU)."""
     inter = math.ceil(arch.intermediate_size / tp)
@@ -832,18 +696,19 @@ def layer_params(arch: ModelArch, tp: int | Parallelism, layer: int = 0) -> list
     """Decoder layer ``layer``'s parameters on one rank, in vLLM's registration order."""
     par = tp if isinstance(tp, Parallelism) else Parallelism(tp)
     kind = arch.layer_kind(layer)
+    if arch.zamba2 is not None and isinstance(arch.mamba, MambaShape):
+        return arch.zamba2.layer_params(arch.mamba, kind, par.tp)
     if arch.single_module_blocks:  # Nemotron-H: one mixer or MLP, one norm
         if kind == "mamba" and arch.mamba is not None:
-            params = _mamba_params(arch.mamba, arch.hidden_size, par.tp)
+            params = arch.mamba.params(arch.hidden_size, par.tp)
         elif kind == "mlp":
             params = _relu2_mlp(arch, par.tp)
         else:
             params = _attention_params(arch, par.tp)
         return [*params, Param("norm.weight", arch.hidden_size)]
-    if kind == "mamba" and arch.mamba is not None:
-        params = _mamba_params(arch.mamba, arch.hidden_size, par.tp)
-    else:
-        params = _attention_params(arch, par.tp)
+    params = _attention_params(arch, par.tp) if arch.is_attention_layer(layer) else []
+    if arch.mamba is not None and arch.is_state_layer(layer):  # Falcon-H1: both in one layer
+        params += arch.mamba.params(arch.hidden_size, par.tp)
     if arch.moe is not None and arch.is_moe_layer(layer):
         params += _moe_mlp(arch, arch.moe, par)
     else:
@@ -877,40 +742,6 @@ _NVIDIA = re.compile(
 def is_nvidia(gpu_name: str) -> bool:
     """Whether the GPU runs vLLM's CUDA platform, from its name (a bare "GPU" says nothing)."""
     return bool(_NVIDIA.search(gpu_name.lower()))
-
-
-# PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp) and the setting vLLM 0.24 loads under.
-MIB = 2**20
-ALLOC_ROUND = 512  # kMinBlockSize: every request is rounded up to 512 bytes
-SMALL_REQUEST = MIB  # kSmallSize: the small pool's largest request; a split must leave more than this
-LARGE_SEGMENT_FROM = 10 * MIB  # kMinLargeAlloc: from here a request gets its own segment ...
-SEGMENT_ROUND = 2 * MIB  # kRoundLarge: ... rounded up to 2 MiB
-# vllm/v1/worker/gpu_worker.py:382 (Worker.load_model, _scoped_allocator_max_split): vLLM 0.24 loads the
-# weights with max_split_size_mb:20, so a block of 20 MiB or more is never split.
-LOAD_MAX_SPLIT = 20 * MIB
-
-
-def cuda_block_bytes(nbytes: int) -> int:
-    """The caching-allocator block a tensor of ``nbytes`` holds while vLLM 0.24 loads weights on CUDA.
-
-    "Model loading took" is ``torch.cuda.memory_allocated()`` after minus before (DeviceMemoryProfiler,
-    vllm/utils/mem_utils.py:86, and platforms/cuda.py:350), which counts blocks, not tensors. A request is
-    rounded up to 512 bytes; one of 10 MiB or more gets a new segment rounded up to 2 MiB, and the block
-    keeps the whole segment when the request is at least ``max_split_size`` (20 MiB while loading) or when
-    no more than 1 MiB would be left over. Smaller
-    requests are cut from shared 20 MiB segments; a block cut where 1 MiB or less was left keeps that
-    remainder, which depends on the order of every allocation and free and is not modelled. Measured on an
-    H100 (tests/gpu/weights_probe.py): 6,053 of the 6,102 tensor blocks of the 11 v0.24 cases are what this
-    rule says; the others are 30.5 MiB for Qwen2.5-7B AWQ, 0.6 MiB for Gemma 3 1B, 0.2 MiB for gpt-oss-20b
-    and 16 MiB for Llama 3.1 8B (a 48 MiB tensor placed in a 64 MiB block a freed temporary left).
-    """
-    size = max(ALLOC_ROUND, _round_up(nbytes, ALLOC_ROUND))
-    if size < LARGE_SEGMENT_FROM:
-        return size
-    segment = _round_up(size, SEGMENT_ROUND)
-    if size >= LOAD_MAX_SPLIT or segment - size <= SMALL_REQUEST:
-        return segment
-    return size
 
 
 def _is_quantized(param: Param, quant: Quantization) -> bool:

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpufleet.planner.arch import QUANTIZATION_ALIASES, ModelArch, config_dtype, is_hopper
+from gpufleet.planner.arch import GIB, QUANTIZATION_ALIASES, ModelArch, config_dtype, is_hopper
+from gpufleet.planner.hybrid import MambaShape
+from gpufleet.planner.multimodal import GENERIC
+from gpufleet.planner.towers import tower_tensors
 
 if TYPE_CHECKING:
     from gpufleet.planner.model import PlanContext, StagePlan
@@ -31,9 +34,17 @@ KNOWN_MODEL_TYPES = frozenset(
         "gpt_oss",
         "nemotron_h",
         "granitemoehybrid",
+        "falcon_h1",
+        "jamba",
+        "qwen3_next",
+        "zamba2",
         "qwen2_5_vl",
+        "qwen3_vl_text",
+        "qwen3_vl_moe_text",
     }
 )
+# The encoder's profile-run peak of a tower planned as a generic ViT is not modelled: the margin named.
+ENCODER_MARGIN_GIB = 1.0
 # GPUs before Ampere: no bfloat16 in vLLM (compute capability < 8.0).
 PRE_AMPERE = ("v100", "t4", "p100", "p40", "p4", "titan v", "rtx 20", "quadro rtx", "gtx")
 
@@ -90,7 +101,7 @@ def _check_parallelism(context: PlanContext) -> list[str]:
             f"tensor_parallel_size: intermediate_size ({arch.intermediate_size}) is not divisible by tensor "
             f"parallel size ({tp}). {fix}"
         )
-    if arch.mamba is not None:
+    if isinstance(arch.mamba, MambaShape):
         errors += _check_mamba_parallelism(arch.mamba.num_heads, arch.mamba.n_groups, tp)
     if pp > arch.num_layers:
         errors.append(
@@ -274,6 +285,16 @@ def _hardware_warnings(context: PlanContext) -> list[str]:
 def _model_warnings(context: PlanContext) -> list[str]:
     arch, request = context.arch, context.request
     warnings = []
+    if arch.vision is not None and arch.vision.family == GENERIC:
+        tower = sum(tower_tensors(arch.vision, request.tensor_parallel_size, context.dtype_bytes)) / GIB
+        margin = tower / 2 + ENCODER_MARGIN_GIB
+        warnings.append(
+            f"architectures: {arch.vision.architecture or 'the model'}: its vision tower is not read from "
+            f"vLLM's code; it is planned as a generic ViT from vision_config ({tower:.2f} GiB) and the "
+            f"encoder's profile run as SigLIP's. Margin: keep {margin:.2f} GiB per GPU free beyond this plan "
+            f"(half the tower, plus {ENCODER_MARGIN_GIB:.0f} GiB for the encoder's peak), or measure one "
+            "start-up"
+        )
     if arch.model_type not in KNOWN_MODEL_TYPES:
         warnings.append(
             f"model_type {arch.model_type!r}: planned as a Llama-style dense decoder; check the weights "

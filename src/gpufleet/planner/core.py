@@ -30,7 +30,6 @@ from typing import Any
 
 from gpufleet.planner.arch import (
     GIB,
-    PlannerInputError,
     Quantization,
     checkpoint_quantization,
     derive_max_model_len,
@@ -43,6 +42,7 @@ from gpufleet.planner.arch import (
     resolve_quantization,
     text_config,
 )
+from gpufleet.planner.base import PlannerInputError
 from gpufleet.planner.checks import check_kv_cache, check_settings, context_warnings
 from gpufleet.planner.estimates import (
     activation_peak_bytes,
@@ -151,6 +151,7 @@ def plan_stage(context: PlanContext, rank: int, bounds: tuple[int, int]) -> Stag
         expert_parallel=request.enable_expert_parallel,
         cuda_allocator=is_nvidia(context.gpu.name),
         vision_tower=arch.vision is not None and arch.vision.builds_tower(request.limit_mm_per_prompt),
+        batched_tokens=context.batching[0],
     )
     weights = stage_weights(arch, shape, context.quant, request.cpu_offload_gb)
     activation = activation_peak_bytes(

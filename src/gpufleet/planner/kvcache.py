@@ -15,7 +15,8 @@ Mirrors ``vllm/v1/core/kv_cache_utils.py`` and ``vllm/v1/kv_cache_interface.py``
   full-attention group and ``cdiv(min(window - 1 + max_num_batched_tokens, max_model_len), block_size) + 1``
   in a sliding-window group. With full attention only this is ``num_blocks x block_size`` whenever
   ``max_model_len`` is a multiple of the block size.
-- hybrid state-space models (Nemotron-H, Granite 4.0 H): each Mamba layer keeps one fixed state per
+- hybrid state-space models (Nemotron-H, Granite 4.0 H, Falcon-H1, Jamba, Qwen3-Next; planner/hybrid.py): each
+  Mamba (or gated DeltaNet) layer keeps one fixed state per
   sequence (``MambaSpec``, ``mamba_cache_mode`` "none": prefix caching is off for hybrid models by default,
   ``ModelConfig.is_prefix_caching_supported``), the conv state plus the SSM state. vLLM raises the attention
   block size until an attention page holds a Mamba state (``Platform._align_hybrid_block_size``: ``block_size
@@ -127,7 +128,7 @@ def _hybrid_layout(
     state = arch.mamba.state_bytes(tp, dtype_bytes)
     size = hybrid_block_size(per_token, state, block_size)
     attention = sum(1 for layer in layers if arch.is_attention_layer(layer))
-    mamba = sum(1 for layer in layers if arch.layer_kind(layer) == "mamba")
+    mamba = sum(1 for layer in layers if arch.is_state_layer(layer))
     counts = [count for count in (attention, mamba) if count]
     if not counts:
         return KvLayout(size * per_token, 0, (), size)

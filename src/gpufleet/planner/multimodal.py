@@ -8,6 +8,10 @@ Mirrors what vLLM 0.24 builds for the families the planner models:
   ``qkv`` and ``proj`` with biases and a gated MLP (``gate_up_proj``, ``down_proj``, biases), and the patch
   merger (RMSNorm, ``4 hidden x 4 hidden`` and ``out_hidden x 4 hidden`` with biases). The language model is
   Qwen2's (q/k/v biases).
+- **Qwen3-VL** (``Qwen3VLForConditionalGeneration``, ``Qwen3VLMoeForConditionalGeneration``, qwen3_vl.py):
+  see :mod:`gpufleet.planner.towers`; the language model is Qwen3's (q/k norms), dense or MoE.
+- **Mistral Small 3.x** (``Mistral3ForConditionalGeneration``, mistral3.py with pixtral.py's HF-format tower):
+  see :func:`gpufleet.planner.towers._pixtral_mistral3_tensors`; the language model is Mistral's.
 - **Gemma 3** (``Gemma3ForConditionalGeneration``, gemma3_mm.py and siglip.py): SigLIP's patch embedding
   (``Conv2dLayer`` with a bias), position embedding (``(image_size / patch)^2 x hidden`` and an int64
   ``position_ids`` buffer), ``num_hidden_layers`` encoder layers (two LayerNorms with biases, ``qkv_proj``,
@@ -32,7 +36,10 @@ from typing import Any
 # architectures[0] -> (family, the modalities whose limits decide whether vLLM builds the tower)
 MODELLED = {
     "Qwen2_5_VLForConditionalGeneration": ("qwen2_5_vl", ("image", "video")),
+    "Qwen3VLForConditionalGeneration": ("qwen3_vl", ("image", "video")),
+    "Qwen3VLMoeForConditionalGeneration": ("qwen3_vl", ("image", "video")),
     "Gemma3ForConditionalGeneration": ("gemma3", ("image",)),
+    "Mistral3ForConditionalGeneration": ("pixtral", ("image",)),
 }
 
 
@@ -40,7 +47,7 @@ MODELLED = {
 class VisionTower:
     """The vision encoder and projector of a multimodal model, as vLLM 0.24 builds them."""
 
-    family: str  # "qwen2_5_vl" | "gemma3"
+    family: str  # "qwen2_5_vl" | "qwen3_vl" | "gemma3" | "pixtral"
     hidden_size: int
     intermediate_size: int
     layers: int
@@ -52,6 +59,11 @@ class VisionTower:
     spatial_merge_size: int = 1
     image_size: int = 0  # SigLIP's fixed input size
     tokens_per_image: int = 0  # Gemma 3's mm_tokens_per_image
+    position_embeddings: int = 0  # Qwen3-VL's learned pos_embed rows (num_position_embeddings)
+    deepstack_levels: int = 0  # Qwen3-VL's deepstack_visual_indexes: one more merger and buffer each
+    head_dim: int = 0  # Pixtral's vision head_dim (0: hidden / heads)
+    projector_bias: bool = False  # Mistral 3's multimodal_projector_bias
+    architecture: str = ""  # the multimodal class (architectures[0]), for the generic estimate's warning
 
     def builds_tower(self, limits: Mapping[str, int] | None) -> bool:
         """False when every modality of the tower is limited to 0 items per prompt (vLLM then loads the
@@ -61,22 +73,91 @@ class VisionTower:
         return any(limits.get(modality, 999) > 0 for modality in self.modalities)
 
 
+def generic_vision(config: Mapping[str, Any], name: str) -> VisionTower | None:
+    """A family whose tower the planner has not read from vLLM's code (Llama 4, InternVL, ...), estimated as
+    a plain ViT from its vision_config: patch and position embeddings, ``layers`` pre-norm blocks (two
+    LayerNorms, q/k/v and output projections, a two-layer MLP, all with biases) and a two-layer projector to
+    the language model. The plan says so, with a margin (checks.py). None without the ViT's sizes."""
+    vision: Mapping[str, Any] = config["vision_config"]
+    text = config.get("text_config") or config.get("llm_config") or config
+    hidden = _positive(vision, "hidden_size") or _positive(vision, "width") or _positive(vision, "embed_dim")
+    layers = _positive(vision, "num_hidden_layers") or _positive(vision, "depth")
+    if not hidden or not layers or not isinstance(text, Mapping):
+        return None
+    return VisionTower(
+        family=GENERIC,
+        hidden_size=hidden,
+        intermediate_size=_positive(vision, "intermediate_size", 4 * hidden),
+        layers=layers,
+        num_heads=_positive(vision, "num_attention_heads") or _positive(vision, "num_heads", 16),
+        patch_size=_positive(vision, "patch_size", 14),
+        out_hidden_size=_positive(text, "hidden_size", hidden),
+        modalities=GENERIC_MODALITIES.get(name, ("image",)),
+        image_size=_positive(vision, "image_size", 448),
+        architecture=name,
+    )
+
+
 def _positive(config: Mapping[str, Any], key: str, default: int = 0) -> int:
     value = config.get(key, default)
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
 
 
+# Families whose tower is estimated as a generic ViT (GENERIC): the modalities their vLLM model marks as the
+# tower's (``_mark_tower_model``); any other unmodelled family is taken as image-only.
+GENERIC_MODALITIES = {
+    "InternVLForConditionalGeneration": ("image", "video"),
+    "InternVLChatModel": ("image", "video"),
+    "Llama4ForConditionalGeneration": ("image",),
+}
+GENERIC = "generic"
+
+
 def parse_vision(config: Mapping[str, Any]) -> VisionTower | None:
-    """The vision tower of a modelled multimodal architecture; None for a text-only model or another
-    family."""
+    """The vision tower of a multimodal architecture; None for a text-only model, or for an unmodelled family
+    whose vision_config lacks the ViT's sizes (hidden size and layers). An unmodelled family with them gets
+    the ``generic`` estimate (:func:`generic_vision`)."""
     architectures = config.get("architectures")
     name = str(architectures[0]) if isinstance(architectures, list) and architectures else ""
-    if name not in MODELLED or not isinstance(config.get("vision_config"), dict):
+    if not isinstance(config.get("vision_config"), dict):
         return None
+    if name not in MODELLED:
+        return generic_vision(config, name)
     family, modalities = MODELLED[name]
     vision: Mapping[str, Any] = config["vision_config"]
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     assert isinstance(text, Mapping)
+    if family == "qwen3_vl":
+        indexes = vision.get("deepstack_visual_indexes")
+        return VisionTower(
+            family=family,
+            hidden_size=_positive(vision, "hidden_size", 1152),
+            intermediate_size=_positive(vision, "intermediate_size", 4304),
+            layers=_positive(vision, "depth", 27),
+            num_heads=_positive(vision, "num_heads", 16),
+            patch_size=_positive(vision, "patch_size", 16),
+            out_hidden_size=_positive(vision, "out_hidden_size", _positive(text, "hidden_size")),
+            modalities=modalities,
+            temporal_patch_size=_positive(vision, "temporal_patch_size", 2),
+            spatial_merge_size=_positive(vision, "spatial_merge_size", 2),
+            position_embeddings=_positive(vision, "num_position_embeddings", 2304),
+            deepstack_levels=len(indexes) if isinstance(indexes, list) else 0,
+        )
+    if family == "pixtral":
+        return VisionTower(
+            family=family,
+            hidden_size=_positive(vision, "hidden_size", 1024),
+            intermediate_size=_positive(vision, "intermediate_size", 4096),
+            layers=_positive(vision, "num_hidden_layers", 24),
+            num_heads=_positive(vision, "num_attention_heads", 16),
+            patch_size=_positive(vision, "patch_size", 14),
+            out_hidden_size=_positive(text, "hidden_size"),
+            modalities=modalities,
+            spatial_merge_size=_positive(config, "spatial_merge_size", 2),
+            image_size=_positive(vision, "image_size", 1540),
+            head_dim=_positive(vision, "head_dim"),
+            projector_bias=bool(config.get("multimodal_projector_bias", False)),
+        )
     if family == "qwen2_5_vl":
         return VisionTower(
             family=family,
@@ -104,82 +185,15 @@ def parse_vision(config: Mapping[str, Any]) -> VisionTower | None:
     )
 
 
-def tower_tensors(tower: VisionTower, tp: int, dtype_bytes: int) -> list[int]:
-    """Bytes of each GPU tensor of the tower and projector on one tensor-parallel rank (model dtype)."""
-    if tower.family == "qwen2_5_vl":
-        return _qwen2_5_vl_tensors(tower, tp, dtype_bytes)
-    return _siglip_gemma3_tensors(tower, tp, dtype_bytes)
-
-
-def _qwen2_5_vl_tensors(tower: VisionTower, tp: int, element: int) -> list[int]:
-    hidden, inter = tower.hidden_size, math.ceil(tower.intermediate_size / tp)
-    head_dim = hidden // tower.num_heads
-    heads = math.ceil(tower.num_heads / tp)
-    qkv = 3 * heads * head_dim
-    patch = hidden * 3 * tower.temporal_patch_size * tower.patch_size**2
-    rotary = 8192 * (head_dim // 2)  # get_rope(head_dim, max_position=8192, partial_rotary_factor=0.5)
-    block = [
-        hidden,  # norm1
-        hidden,  # norm2
-        qkv * hidden,
-        qkv,
-        hidden * heads * head_dim,  # proj (row parallel)
-        hidden,  # proj bias
-        2 * inter * hidden,  # gate_up_proj
-        2 * inter,
-        hidden * inter,  # down_proj
-        hidden,
-    ]
-    merged = hidden * tower.spatial_merge_size**2
-    merged_rank = math.ceil(merged / tp)
-    merger = [
-        hidden,
-        merged_rank * merged,
-        merged_rank,
-        tower.out_hidden_size * merged_rank,
-        tower.out_hidden_size,
-    ]
-    numels = [patch, rotary] + block * tower.layers + merger
-    return [numel * element for numel in numels]
-
-
-def _siglip_gemma3_tensors(tower: VisionTower, tp: int, element: int) -> list[int]:
-    hidden, inter = tower.hidden_size, math.ceil(tower.intermediate_size / tp)
-    head_dim = hidden // tower.num_heads
-    heads = math.ceil(tower.num_heads / tp)
-    positions = (tower.image_size // tower.patch_size) ** 2
-    layer = [
-        hidden,  # layer_norm1 weight
-        hidden,  # layer_norm1 bias
-        3 * heads * head_dim * hidden,  # qkv_proj
-        3 * heads * head_dim,
-        hidden * heads * head_dim,  # out_proj
-        hidden,
-        hidden,  # layer_norm2 weight
-        hidden,  # layer_norm2 bias
-        inter * hidden,  # fc1
-        inter,
-        hidden * inter,  # fc2
-        hidden,
-    ]
-    numels = [
-        hidden * 3 * tower.patch_size**2,
-        hidden,
-        positions * hidden,
-    ]  # patch embedding, its bias, positions
-    numels += layer * tower.layers
-    numels += [hidden, hidden]  # post_layernorm
-    numels += [hidden * tower.out_hidden_size, hidden]  # projector and its soft-embedding norm
-    tensors = [numel * element for numel in numels]
-    tensors.append(positions * 8)  # position_ids: an int64 buffer
-    return tensors
-
-
 # Qwen2-VL's image processor default (min_pixels 3136, max_pixels 12845056); --mm-processor-kwargs is not
 # modelled. vllm/model_executor/models/qwen2_vl.py: _MAX_FRAMES_PER_VIDEO.
 QWEN_MAX_PIXELS = 12_845_056
 QWEN_MAX_FRAMES_PER_VIDEO = 14
 DEFAULT_MM_LIMIT = 999  # MultiModalConfig.get_limit_per_prompt for a modality left out
+# Qwen3-VL's processors (transformers' Qwen2VLImageProcessor and Qwen3VLVideoProcessor sizes as Qwen3-VL ships
+# them: longest_edge 16777216 and 25165824 pixels).
+QWEN3_VL_IMAGE_MAX_PIXELS = 16_777_216
+QWEN3_VL_VIDEO_MAX_PIXELS = 25_165_824
 
 
 @dataclass(frozen=True)
@@ -193,6 +207,15 @@ class EncoderProfile:
     items: int
     forward_peak_bytes: int  # the encoder's dummy forward (estimate, see encoder_profile)
     outputs_bytes: int  # encoder outputs kept in the encoder cache while the language model's dummy run runs
+
+
+def _qwen3_vl_max_tokens(tower: VisionTower, modality: str) -> int:
+    """Qwen3VLProcessingInfo: an image at the image processor's ``longest_edge`` pixels; a video of two frames
+    at the video processor's ``longest_edge`` over the temporal patch (``get_max_video_tokens``)."""
+    unit = tower.patch_size * tower.spatial_merge_size
+    if modality == "image":
+        return QWEN3_VL_IMAGE_MAX_PIXELS // (unit * unit)
+    return QWEN3_VL_VIDEO_MAX_PIXELS // tower.temporal_patch_size // (unit * unit)
 
 
 def _qwen_max_tokens(tower: VisionTower, modality: str, max_model_len: int) -> int:
@@ -238,6 +261,14 @@ def encoder_profile(
     for modality in active:
         if tower.family == "qwen2_5_vl":
             tokens_per_item[modality] = _qwen_max_tokens(tower, modality, max_model_len)
+        elif tower.family == "qwen3_vl":
+            tokens_per_item[modality] = _qwen3_vl_max_tokens(tower, modality)
+        elif tower.family == GENERIC:  # every patch of a full-size image, before any merging
+            tokens_per_item[modality] = (tower.image_size // tower.patch_size) ** 2
+        elif tower.family == "pixtral":  # PixtralHFEncoderInfo: a full-size image, merged patches
+            tokens_per_item[modality] = (
+                math.ceil(tower.image_size / (tower.patch_size * tower.spatial_merge_size)) ** 2
+            )
         else:
             tokens_per_item[modality] = tower.tokens_per_image
     modality, tokens = max(tokens_per_item.items(), key=lambda item: (item[1], item[0]))
@@ -246,14 +277,17 @@ def encoder_profile(
     per_prompt = max(1, min(limits.get(modality, DEFAULT_MM_LIMIT), max_model_len // tokens))
     items = max(1, min(budget // tokens, max_num_seqs * per_prompt))
     inter = math.ceil(tower.intermediate_size / tp)
-    if tower.family == "qwen2_5_vl":
+    if tower.family in {"qwen2_5_vl", "qwen3_vl"}:
         patches = items * tokens * tower.spatial_merge_size**2
         pixels = patches * 3 * tower.temporal_patch_size * tower.patch_size**2
-        mlp = 3 * inter  # gate_up output (2 x) and the SiLU-and-mul output
+        # Qwen2.5-VL: gate_up output (2 x) and the SiLU-and-mul output; Qwen3-VL: fc1's output and the GELU's
+        mlp = 3 * inter if tower.family == "qwen2_5_vl" else 2 * inter
     else:
         patches = items * (tower.image_size // tower.patch_size) ** 2
         pixels = items * 3 * tower.image_size**2
-        mlp = 2 * inter  # fc1 output and the GELU output
+        # SigLIP: fc1's output and the GELU's; Pixtral: gate_up's output and the SiLU-and-mul's
+        mlp = 3 * inter if tower.family == "pixtral" else 2 * inter
     peak = pixels * (4 + dtype_bytes) + patches * (3 * tower.hidden_size + mlp) * dtype_bytes
-    outputs = items * tokens * tower.out_hidden_size * dtype_bytes
+    # Qwen3-VL's encoder output carries each deepstack level beside the merger's (out_hidden x (1 + levels)).
+    outputs = items * tokens * tower.out_hidden_size * (1 + tower.deepstack_levels) * dtype_bytes
     return EncoderProfile(modality, tokens, budget, items, peak, outputs)

@@ -19,16 +19,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gpufleet.planner.allocator import SharedSegments, cuda_block_bytes
 from gpufleet.planner.arch import (
     GIB,
     ModelArch,
     Parallelism,
     Quantization,
-    cuda_block_bytes,
     iter_layer_tensors,
     vocab_per_rank,
 )
-from gpufleet.planner.multimodal import tower_tensors
+from gpufleet.planner.towers import tower_tensors
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,7 @@ class StageShape:
     cuda_allocator: bool = False
     # A multimodal model's tower is built unless --limit-mm-per-prompt sets every modality to 0.
     vision_tower: bool = True
+    batched_tokens: int = 0  # max_num_batched_tokens (Qwen3-VL's deepstack buffers)
 
     @property
     def parallelism(self) -> Parallelism:
@@ -103,7 +104,8 @@ def stage_weights(
     on_gpu, offloaded, largest = _offload_layers(arch, shape, quant, int(cpu_offload_gb * GIB), block)
     vision = 0
     if arch.vision is not None and shape.vision_tower:
-        vision = sum(block(size) for size in tower_tensors(arch.vision, shape.tp, shape.dtype_bytes))
+        tensors = tower_tensors(arch.vision, shape.tp, shape.dtype_bytes, shape.batched_tokens)
+        vision = sum(block(size) for size in tensors)
     return StageWeights(
         vision_bytes=vision,
         embedding_bytes=table_bytes if has_embedding else 0,
@@ -129,6 +131,10 @@ def _offload_layers(
     """(bytes left on the GPU, bytes offloaded, most bytes offloaded from a single layer)."""
     on_gpu = offloaded = 0
     per_layer: dict[int, int] = {}
+    if (
+        block is cuda_block_bytes
+    ):  # the layers' 1-10 MiB tensors share segments, in the order vLLM builds them
+        block = SharedSegments().block
     for layer, tensor, state, tensors in iter_layer_tensors(
         arch, shape.parallelism, shape.layer_indices, shape.dtype_bytes, quant
     ):
