@@ -23,11 +23,11 @@ are in docs/planner.md.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 from typing import Any
 
+from gpufleet.planner import config_guard
 from gpufleet.planner.arch import (
     GIB,
     Quantization,
@@ -83,22 +83,8 @@ def load_model_config(path: Path) -> dict[str, Any]:
             f"{file}: cannot read ({error.strerror or error}); expected a model directory holding "
             "config.json, or the config.json itself"
         ) from error
-    try:
-        config = json.loads(text, parse_constant=_no_constant)
-    except json.JSONDecodeError as error:
-        raise PlannerInputError(
-            f"{file}: not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})"
-        ) from error
-    except ValueError as error:  # NaN, Infinity
-        raise PlannerInputError(f"{file}: {error}; expected numbers that JSON allows") from None
-    if not isinstance(config, dict):
-        raise PlannerInputError(f"{file}: found a JSON {type(config).__name__}; expected a JSON object")
-    return config
-
-
-def _no_constant(name: str) -> float:
-    """NaN and Infinity are not JSON; Python's parser accepts them unless told otherwise."""
-    raise ValueError(f"{name} is not a number")
+    return config_guard.parse(text, file)  # bounded nesting, no duplicate key, one JSON object (plan() checks
+    # the values)
 
 
 def resolve(request: PlanRequest) -> PlanContext:
@@ -214,6 +200,7 @@ def plan(request: PlanRequest) -> Plan:
     When the KV cache does not fit, ``Plan.proposals`` names settings that would: the largest
     ``max_model_len``, the smallest ``gpu_memory_utilization``, ``tensor_parallel_size`` or
     ``pipeline_parallel_size`` (on GPUs like the deciding one); the KV error repeats them."""
+    config_guard.check(request.hf_config)  # a config given as a mapping gets the file's checks
     result = _plan(request)
     if not result.kv_cache_blocks or result.kv_cache_tokens < result.max_model_len:
         proposals = propose(request, result)
