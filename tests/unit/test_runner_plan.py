@@ -4,6 +4,7 @@ Ansible's own booleans, and what the playbooks publish is read into one typed mo
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -162,3 +163,12 @@ def test_a_failed_gate_rolls_back_with_the_runs_options_but_not_its_variables(
     (served,), (restored,) = runs
     assert restored.extravars == {"gpufleet_revision_slot": "current", "gpufleet_revision_required": False}
     assert (restored.limit, restored.timeout, restored.inventory) == (None, 30, served.inventory)
+
+
+def test_the_facts_the_runner_collects_are_the_contracts() -> None:
+    """Every gpufleet_* fact the event reader keeps is in the contract (runner/facts.py's docstring) and read
+    into PublishedFacts; gpufleet_revisions was kept although no Python read it (the playbooks keep it)."""
+    from gpufleet.runner import events, facts
+
+    contract = set(re.findall(r"``(gpufleet_[a-z_]+)``", facts.__doc__ or ""))
+    assert contract == events.PUBLISHED_FACTS

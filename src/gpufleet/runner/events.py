@@ -28,7 +28,6 @@ PUBLISHED_FACTS = frozenset(
         "gpufleet_verify",
         "gpufleet_service_load",
         "gpufleet_monitoring_endpoints",
-        "gpufleet_revisions",
         "gpufleet_rollback",
     }
 )
