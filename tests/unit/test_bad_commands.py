@@ -252,7 +252,7 @@ def test_init_writes_nothing_when_it_refuses(tmp_path: Path, capsys: pytest.Capt
 def test_a_fleet_the_schema_refuses_is_a_problem_not_a_silent_none(tmp_path: Path) -> None:
     """_build_fleet used to swallow FleetSpec's ValidationError (the one-head check): a fleet that reached
     it without a head then had no fleet and no problem."""
-    from gpufleet.fleet.inventory import RawHost, RawInventory
+    from gpufleet.fleet.raw import RawHost, RawInventory
     from gpufleet.fleet.validate import Validation, _build_fleet
 
     variables = {

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.fleet import inventory
+from gpufleet.fleet import inventory, inventory_cache
 from gpufleet.fleet.inventory import read_inventory
 from gpufleet.fleet.schema import BlockSize
 from gpufleet.planner.model import BLOCK_SIZES
@@ -56,10 +56,10 @@ def test_any_change_to_a_file_ansible_reads_is_read_again(
     assert all(host.variables["gpufleet_extra_for_the_test"] == 7 for host in second.hosts)
     # A new host_vars file changes the key (re-reading it here would meet ansible-core's own in-process
     # cache of the vars directories, which a fresh command does not have).
-    key = inventory._cache_key(prod)
+    key = inventory_cache.cache_key(prod)
     (prod / "host_vars").mkdir()
     (prod / "host_vars" / f"{second.hosts[0].name}.yml").write_text("gpufleet_extra_for_the_test: 8\n")
-    assert inventory._cache_key(prod) not in (None, key)
+    assert inventory_cache.cache_key(prod) not in (None, key)
 
 
 def test_the_ansible_environment_is_part_of_the_key(prod: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -80,19 +80,19 @@ def test_the_ansible_environment_is_part_of_the_key(prod: Path, monkeypatch: pyt
 )
 def test_templates_and_vaults_are_always_read_through_ansible(prod: Path, line: str) -> None:
     (prod / "group_vars" / "all.yml").write_text((prod / "group_vars" / "all.yml").read_text() + line)
-    assert inventory._cache_key(prod) is None
+    assert inventory_cache.cache_key(prod) is None
 
 
 def test_an_executable_inventory_script_is_not_cached(prod: Path) -> None:
     script = prod / "dynamic.sh"
     script.write_text("#!/bin/sh\necho '{}'\n")
     script.chmod(0o755)
-    assert inventory._cache_key(prod) is None
+    assert inventory_cache.cache_key(prod) is None
 
 
 def test_gpufleet_no_cache_turns_it_off(prod: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUFLEET_NO_CACHE", "1")
-    assert inventory._cache_key(prod) is None
+    assert inventory_cache.cache_key(prod) is None
 
 
 def test_a_corrupt_cache_file_is_read_through_ansible_again(prod: Path, private_cache: Path) -> None:

@@ -24,8 +24,9 @@ from typing import Any
 import pytest
 import yaml
 
-from gpufleet.fleet import inventory
-from gpufleet.fleet.inventory import RawInventory, read_inventory
+from gpufleet.fleet import inventory, inventory_cache
+from gpufleet.fleet.inventory import read_inventory
+from gpufleet.fleet.raw import RawInventory
 
 from .conftest import BASE_GROUP_VARS, REPO, InventoryFactory
 
@@ -141,9 +142,9 @@ def test_vars_reached_through_a_symlink_are_in_the_key(
 def test_a_symlink_loop_in_the_inventory_is_scanned_once(make_inventory: InventoryFactory) -> None:
     directory = make_inventory()
     (directory / "group_vars" / "loop").symlink_to(directory, target_is_directory=True)
-    files = inventory._scan(directory)
+    files = inventory_cache.scan(directory)
     assert len(files) == len({path.resolve() for path in files})
-    assert inventory._cache_key(directory, files) is not None
+    assert inventory_cache.cache_key(directory, files) is not None
 
 
 def symlinked_group_vars(tmp_path: Path, make: InventoryFactory) -> Path:
@@ -194,7 +195,7 @@ def test_every_file_ansible_opens_is_in_the_key(
     inventory._load_with_ansible(source)
     monkeypatch.undo()
 
-    hashed = {os.path.realpath(path) for path in inventory._scan(source)}
+    hashed = {os.path.realpath(path) for path in inventory_cache.scan(source)}
     assert opened, "the trace saw no file"
     assert opened <= hashed, sorted(opened - hashed)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from gpufleet.fleet import Fleet, load
 from gpufleet.fleet.host_names import host_name_problems
-from gpufleet.fleet.inventory import RawInventory
+from gpufleet.fleet.raw import RawInventory
 from gpufleet.problems import Problem
 
 PLANNER = "vllm_service_* (planner)"

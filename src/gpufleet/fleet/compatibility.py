@@ -23,7 +23,7 @@ from gpufleet.compat import (
     check_vllm_version,
     image_facts,
 )
-from gpufleet.fleet.inventory import RawInventory
+from gpufleet.fleet.raw import RawInventory
 from gpufleet.fleet.role_values import ansible_bool
 from gpufleet.fleet.schema import FleetSpec
 from gpufleet.paths import project_root

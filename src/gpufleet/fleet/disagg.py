@@ -29,7 +29,7 @@ from pydantic import ValidationError
 
 from gpufleet.compat import ImageFacts, image_facts
 from gpufleet.fleet.compatibility import _from_bundle
-from gpufleet.fleet.inventory import RawHost, RawInventory
+from gpufleet.fleet.raw import RawHost, RawInventory
 from gpufleet.fleet.schema import ServingSpec
 from gpufleet.problems import Problem
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gpufleet.fleet.disagg import POOLS
-from gpufleet.fleet.inventory import RawInventory
+from gpufleet.fleet.raw import RawInventory
 from gpufleet.fleet.schema import HOST_NAME
 from gpufleet.problems import Problem
 

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpufleet.fleet.disagg import POOLS, PROXY_PORT, has_pools
-from gpufleet.fleet.inventory import RawInventory, read_inventory
+from gpufleet.fleet.inventory import read_inventory
+from gpufleet.fleet.raw import RawInventory
 from gpufleet.fleet.schema import FleetSpec
 from gpufleet.fleet.validate import plan_request
 from gpufleet.fleet.validate import validate as validate_raw

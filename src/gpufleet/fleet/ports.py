@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from gpufleet.fleet.inventory import RawHost, RawInventory
+from gpufleet.fleet.raw import RawHost, RawInventory
 from gpufleet.fleet.role_values import ansible_bool
 from gpufleet.problems import Problem
 

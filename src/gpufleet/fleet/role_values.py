@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from gpufleet.fleet.inventory import RawHost
+from gpufleet.fleet.raw import RawHost
 from gpufleet.fleet.schema import VARIABLES
 from gpufleet.problems import Problem
 

@@ -16,8 +16,9 @@ from pydantic import BaseModel, ValidationError
 from gpufleet.fleet.compatibility import check_compatibility
 from gpufleet.fleet.disagg import check_disagg, has_pools
 from gpufleet.fleet.host_names import host_name_problems
-from gpufleet.fleet.inventory import RawHost, RawInventory, read_inventory
+from gpufleet.fleet.inventory import read_inventory
 from gpufleet.fleet.ports import check_ports
+from gpufleet.fleet.raw import RawHost, RawInventory
 from gpufleet.fleet.role_values import check_values, role_options
 from gpufleet.fleet.schema import (
     FLEET_ONLY_VARIABLES,

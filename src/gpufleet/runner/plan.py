@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.fleet.disagg import has_pools
-from gpufleet.fleet.inventory import RawInventory
 from gpufleet.fleet.loaded import load
+from gpufleet.fleet.raw import RawInventory
 from gpufleet.runner.arguments import RunSpec
 from gpufleet.runner.facts import as_bool
 from gpufleet.runner.options import DeployError, RunOptions, checked_bundle, checked_inventory
