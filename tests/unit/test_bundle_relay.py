@@ -37,6 +37,19 @@ def free_port() -> int:
         return port
 
 
+def listening(port: int, timeout: float = 30.0) -> socket.socket:
+    """A connection to the receiver once it listens (a fixed sleep was too short on a loaded machine: the
+    senders retry by themselves, a raw peer has to)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return socket.create_connection(("127.0.0.1", port), timeout=5)
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 def token_file(path: Path, token: str = "t" * 32) -> Path:
     path.write_text(token)
     path.chmod(0o600)
@@ -156,7 +169,7 @@ def test_a_peer_without_the_token_gets_nothing_in_and_the_real_sender_still_can(
     out = tmp_path / "out.bin"
     proc = receiver(token, "--listen", f"127.0.0.1:{port}", "--out", str(out), "--sha256", digest)
     time.sleep(0.3)
-    with socket.create_connection(("127.0.0.1", port)) as raw:  # no handshake at all: raw bytes
+    with listening(port) as raw:  # no handshake at all: raw bytes
         raw.sendall(os.urandom(4096))
         raw.settimeout(5)
         with contextlib.suppress(OSError):
