@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,23 +20,14 @@ from gpufleet.fleet import load, validate_inventory
 from gpufleet.planner.vllm_archs import VLLM_VERSION
 from gpufleet.runner import DeployReport
 
+from .test_compat import prod_copy
+
 REPO = Path(__file__).resolve().parents[2]
 OLD = "vllm/vllm-openai:v0.10.1.1"
 
 
 def role_default(role: str, name: str) -> str:
     return str(yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text())[name])
-
-
-def prod_copy(tmp_path: Path, **variables: object) -> Path:
-    inventory = tmp_path / "prod"
-    shutil.copytree(REPO / "inventories" / "prod", inventory)
-    group_vars = inventory / "group_vars" / "gpu_nodes.yml"
-    data = yaml.safe_load(group_vars.read_text())
-    data["gpufleet_model_config"] = str(REPO / "models" / "Qwen2.5-1.5B-Instruct" / "config.json")
-    data.update(variables)
-    group_vars.write_text(yaml.safe_dump(data))
-    return inventory
 
 
 def version_warnings(warnings: list[str]) -> list[str]:

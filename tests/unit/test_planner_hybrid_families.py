@@ -15,17 +15,17 @@ utilization.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpufleet import vllm_log
 from gpufleet.planner import GpuDevice, PlanRequest, plan
 from gpufleet.planner.allocator import SharedSegments
 from gpufleet.planner.arch import GIB, layer_params, parse_arch
 from gpufleet.planner.hybrid import GatedDeltaNetShape, Mamba1Shape, MambaShape
+
+from .test_planner_h200 import config, measured
 
 DATA = Path(__file__).resolve().parent / "data"
 LOGS = DATA / "vllm_logs" / "v0.24_h200"
@@ -58,15 +58,6 @@ VALIDATION = [
     ),
 ]
 ALL = CALIBRATION + VALIDATION
-
-
-def config(model: str) -> dict[str, Any]:
-    loaded: dict[str, Any] = json.loads((MODELS / model / "config.json").read_text(encoding="utf-8"))
-    return loaded
-
-
-def measured(item: dict[str, Any]) -> vllm_log.VllmFacts:
-    return vllm_log.parse((LOGS / f"{item['name']}.log").read_text(encoding="utf-8"))
 
 
 def predicted(item: dict[str, Any], **extra: Any) -> Any:

@@ -4,32 +4,19 @@ relays), ports derived from a base port included."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from gpufleet.fleet import validate_inventory
 
-from .conftest import REPO, InventoryFactory
-
-PD_EXAMPLE = REPO / "inventories" / "examples" / "pd"
+from .conftest import InventoryFactory
+from .test_pd import inventory as pd_inventory
 
 
 def problems(path: Path) -> list[str]:
     return [str(problem) for problem in validate_inventory(path).problems]
-
-
-def pd_inventory(tmp_path: Path, **group_vars: dict[str, Any]) -> Path:
-    target = tmp_path / "pd"
-    shutil.copytree(PD_EXAMPLE, target)
-    for group, values in group_vars.items():
-        path = target / "group_vars" / f"{group}.yml"
-        current = yaml.safe_load(path.read_text(encoding="utf-8")) if path.exists() else {}
-        path.write_text(yaml.safe_dump((current or {}) | values), encoding="utf-8")
-    return target
 
 
 # One node's services wanting one port: (group_vars, the variable named, the other one named)
