@@ -15,13 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from gpufleet.fleet.disagg import POOLS, role_defaults
 from gpufleet.fleet.raw import RawHost, RawInventory
 from gpufleet.fleet.role_values import ansible_bool
 from gpufleet.problems import Problem
 
-POOLS = ("vllm_prefill", "vllm_decode")
 RAY_EVERY_NODE = (
     "ray_cluster_node_manager_port",
     "ray_cluster_object_manager_port",
@@ -48,7 +46,7 @@ class Listener:
 
 def check_ports(raw: RawInventory, nodes: list[RawHost], root: Path | None) -> Iterator[Problem]:
     """Ports out of 1-65535 (derived ones included) and ports two services of one host both want."""
-    defaults = {role: _defaults(root, role) for role in ROLES}
+    defaults = {role: role_defaults(root, role) for role in ROLES}
     heads = raw.members("ray_head")
     head = heads[0].name if heads else None
     pooled = any(raw.members(group) for group in POOLS)
@@ -143,14 +141,6 @@ def _collisions(host: RawHost, found: list[Listener]) -> Iterator[Problem]:
                 )
                 break
             used.setdefault(port, listener.variable)
-
-
-def _defaults(root: Path | None, role: str) -> Mapping[str, Any]:
-    path = root / "roles" / role / "defaults" / "main.yml" if root else None
-    if path is None or not path.is_file():
-        return {}
-    loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    return loaded if isinstance(loaded, dict) else {}
 
 
 def _int(value: Any) -> int | None:
