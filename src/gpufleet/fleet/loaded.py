@@ -74,8 +74,20 @@ class Fleet:
     def matching(self, pattern: str) -> list[str]:
         """The hosts an Ansible host pattern (``--limit``) selects, as ansible-core's InventoryManager reads
         it (names, groups, wildcards, ``~regex``, ``!``, ``&``); none for an inventory it could not read."""
+        return self._selected([pattern])[0]
+
+    def unmatched(self, pattern: str) -> list[str]:
+        """The parts of a ``--limit`` pattern that select no host (a typo Ansible only warns about, then runs
+        on the rest, or on nothing and reports success)."""
+        from ansible.inventory.manager import split_host_pattern  # noqa: PLC0415
+
+        parts = [part for part in split_host_pattern(pattern) if part and part[0] not in "!&@"]
+        return [part for part, hosts in zip(parts, self._selected(parts), strict=True) if not hosts]
+
+    def _selected(self, patterns: list[str]) -> list[list[str]]:
+        """The hosts each pattern selects, from one InventoryManager built from this reading."""
         if self.raw is None:
-            return []
+            return [[] for _ in patterns]
         from ansible.inventory.manager import InventoryManager  # noqa: PLC0415  (ansible's import)
         from ansible.parsing.dataloader import DataLoader  # noqa: PLC0415
 
@@ -86,17 +98,12 @@ class Fleet:
                     manager.add_group(group)
                     manager.add_host(host.name, group=group)
             manager._inventory.reconcile_inventory()  # what the parsing of a source ends with
-            manager.clear_pattern_cache()
-            manager.subset(pattern)
-            return [host.name for host in manager.get_hosts("all")]
-
-    def unmatched(self, pattern: str) -> list[str]:
-        """The parts of a ``--limit`` pattern that select no host (a typo Ansible only warns about, then runs
-        on the rest, or on nothing and reports success)."""
-        from ansible.inventory.manager import split_host_pattern  # noqa: PLC0415
-
-        parts = [part for part in split_host_pattern(pattern) if part and part[0] not in "!&@"]
-        return [part for part in parts if not self.matching(part)]
+            selected = []
+            for pattern in patterns:
+                manager.clear_pattern_cache()
+                manager.subset(pattern)
+                selected.append([host.name for host in manager.get_hosts("all")])
+            return selected
 
     def validate(self) -> Fleet:
         """This fleet, checked (itself when it already is); never reads the inventory again."""
