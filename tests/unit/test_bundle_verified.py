@@ -36,6 +36,15 @@ def make_bundle(root: Path) -> Path:
     return root
 
 
+def flip_first_byte(target: Path) -> None:
+    """Change the first byte in place (size kept). Writing a fixed byte left random data unchanged 1 time
+    in 256: CI once saw the corrupted file pass its check (stop 45)."""
+    with target.open("r+b") as out:
+        first = out.read(1)[0]
+        out.seek(0)
+        out.write(bytes([first ^ 1]))
+
+
 @pytest.fixture
 def bundle(tmp_path: Path) -> Path:
     return make_bundle(tmp_path / "bundle")
@@ -53,8 +62,7 @@ def test_a_file_rewritten_with_the_same_size_and_mtime_is_hashed_again(bundle: P
     verify_cached(bundle, cache=tmp_path / "cache")
     target = bundle / "docker" / "docker.tgz"
     before = target.stat()
-    with target.open("r+b") as out:
-        out.write(b"X")
+    flip_first_byte(target)
     os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
     checked = verify_cached(bundle, cache=tmp_path / "cache")
     assert checked.hashed == 1 and checked.trusted == 1
@@ -81,8 +89,7 @@ def test_a_file_the_bundle_check_matched_is_not_read_again_and_any_other_is(
     assert file_sha256(target, root=bundle, cache=cache) == "c" * 64
     assert file_sha256(target, cache=cache) == real  # no bundle named: always read
     before = target.stat()
-    with target.open("r+b") as out:
-        out.write(b"X")
+    flip_first_byte(target)
     os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
     assert file_sha256(target, root=bundle, cache=cache) == hashlib.sha256(target.read_bytes()).hexdigest()
     outside = tmp_path / "elsewhere.tar"
@@ -170,7 +177,7 @@ def test_a_stage_run_alone_refuses_a_corrupted_bundle_first(
 ) -> None:
     """`deploy --stages nodes` (or ansible-playbook playbooks/nodes.yml) skips preflight: the stage checks."""
     target = bundle / "docker" / "docker.tgz"
-    target.write_bytes(b"x" + target.read_bytes()[1:])
+    flip_first_byte(target)
     bad = preflight_bundle(bundle, tmp_path, playbook)
     assert bad.returncode != 0, bad.stdout
     assert "docker/docker.tgz: corrupt: sha256" in bad.stdout
