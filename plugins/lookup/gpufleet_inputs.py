@@ -109,6 +109,10 @@ RUN_TIME_FACTS = (
     "nvidia_driver_installed_version",
     "preflight_gpus",
     "ray_cluster_alive_nodes",
+    "ray_cluster_report",
+    "vllm_service_gate_result",
+    "vllm_service_instance",
+    "vllm_service_restored",
 )
 _PLUGINS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _MODULES = os.path.join(_PLUGINS, "modules")

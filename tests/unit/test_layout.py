@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,29 @@ def test_the_length_check_finds_a_long_module(tmp_path: Path) -> None:
     (tmp_path / "short.py").write_text("x = 1\n" * 400)
     (tmp_path / "long.py").write_text("x = 1\n" * 401)
     assert too_long(tmp_path, MAX_RUNNER_LINES) == ["long.py: 401 lines"]
+
+
+REPO = SRC.parent
+ROLES = sorted(path.name for path in (REPO / "roles").iterdir() if path.is_dir())
+
+
+def role_internals_read(text: str, roles: list[str]) -> list[str]:
+    """The ``__<role>_*`` names ``text`` uses: a role's internals (vars/main.yml, its registered results)."""
+    names = set(re.findall(r"\b__([a-z0-9_]+)", text))
+    return sorted(f"__{name}" for name in names if any(name.startswith(f"{role}_") for role in roles))
+
+
+@pytest.mark.parametrize(
+    "playbook",
+    sorted(p.relative_to(REPO).as_posix() for p in [*REPO.glob("playbooks/*.yml"), REPO / "site.yml"]),
+)
+def test_no_playbook_reads_a_roles_internals(playbook: str) -> None:
+    """Issue 34: playbooks use a role's entry points and its documented outputs (vllm_service_instance,
+    vllm_service_gate_result, vllm_service_restored, ray_cluster_report), never its ``__`` variables."""
+    found = role_internals_read((REPO / playbook).read_text(encoding="utf-8"), ROLES)
+    assert found == [], f"{playbook} reads {found}: use the role's entry points and outputs (its README)"
+
+
+def test_the_internals_check_finds_a_read() -> None:
+    text = 'url: "{{ __vllm_service_url }}"\nmine: "{{ __verify_chat }}"\nray: "{{ __ray_cluster_status }}"'
+    assert role_internals_read(text, ROLES) == ["__ray_cluster_status", "__vllm_service_url"]
