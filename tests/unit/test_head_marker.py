@@ -172,7 +172,8 @@ def fleet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     path = tmp_path / "head" / "run.json"
     seen: dict[str, Any] = {"path": path, "stages": [], "during": [], "cleaned": []}
 
-    def on_head(_spec: RunSpec, arguments: list[str]) -> str:
+    def on_head(_spec: RunSpec, arguments: list[str], control: str | None = None) -> str:
+        seen["control"] = control
         return here([arguments[0], str(path), *arguments[2:]])
 
     def run_stages(specs: Any, *_: Any) -> tuple[list[StageResult], dict[str, Any]]:
@@ -182,7 +183,9 @@ def fleet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
     monkeypatch.setattr(adhoc, "on_head", on_head)
     monkeypatch.setattr(api, "run_stages", run_stages)
-    monkeypatch.setattr(api, "clean_hosts", lambda *args: seen["cleaned"].append(args))
+    monkeypatch.setattr(
+        api, "clean_hosts", lambda *args, **kwargs: seen["cleaned"].append((*args, kwargs.get("control")))
+    )
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     (tmp_path / "hosts.yml").write_text("all: {}\n", encoding="utf-8")
     seen["inventory"] = tmp_path / "hosts.yml"
@@ -233,5 +236,45 @@ def test_a_canceled_run_leaves_the_marker_to_the_host_cleanup(fleet: dict[str, A
 
     api.deploy(fleet["inventory"], stages=["nodes"], validate_inventory=False)
 
-    (spec, _started, _deadline, run_id) = fleet["cleaned"][0]
+    (spec, _started, _deadline, run_id, control) = fleet["cleaned"][0]
     assert run_id == fleet["during"][0]["run_id"] and spec.stage == "nodes"
+    assert control is None  # an inventory without hosts: no control host; the cleanup runs on every host
+
+
+def test_the_marker_goes_to_the_control_group_and_else_to_the_ray_head(fleet: dict[str, Any]) -> None:
+    """Issue 34 step 6: what runs once per fleet (the marker) lives on gpufleet_control's host, apart from the
+    Ray head; an inventory without the group keeps the head."""
+    inventory = fleet["inventory"]
+    inventory.write_text(
+        "all:\n  children:\n    gpu_nodes:\n      children:\n        ray_head: {hosts: {node1: {}}}\n"
+        "        ray_workers: {hosts: {node2: {}}}\n",
+        encoding="utf-8",
+    )
+    api.deploy(inventory, stages=["nodes"], validate_inventory=False)
+    assert fleet["control"] == "node1"
+
+    inventory.write_text(
+        inventory.read_text(encoding="utf-8") + "    gpufleet_control: {hosts: {gateway: {}}}\n", encoding="utf-8"
+    )
+    fleet["status"] = "canceled"
+    api.deploy(inventory, stages=["nodes"], validate_inventory=False)
+    assert fleet["control"] == "gateway"
+    assert fleet["cleaned"][-1][-1] == "gateway"  # the cleanup after a cancel releases the marker there
+
+
+def test_the_marker_command_is_sent_to_the_control_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    sent: list[str] = []
+
+    def raw_on_hosts(_spec: RunSpec, pattern: str, *_: Any, **__: Any) -> None:
+        sent.append(pattern)
+
+    monkeypatch.setattr(adhoc, "raw_on_hosts", raw_on_hosts)
+    spec = RunSpec(stage="nodes", project=Path("."), playbook=Path("p.yml"), inventory=Path("h"), extravars={})
+    adhoc.on_head(spec, ["acquire"], "gateway")
+    adhoc.on_head(spec, ["acquire"])
+    adhoc.clean_hosts(spec, 0.0, time.monotonic() + 60, "r" * 32, control="gateway")
+    limited = RunSpec(
+        stage="nodes", project=Path("."), playbook=Path("p.yml"), inventory=Path("h"), extravars={}, limit="node2"
+    )
+    adhoc.clean_hosts(limited, 0.0, time.monotonic() + 60, "r" * 32, control="gateway")
+    assert sent == ["gateway", "ray_head[0]", "all:!localhost", "node2:gateway"]

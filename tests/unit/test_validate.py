@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gpufleet.cli import main
-from gpufleet.fleet import load_fleet, plan_request_for_inventory, validate_inventory
+from gpufleet.fleet import load, load_fleet, plan_request_for_inventory, validate_inventory
 from gpufleet.problems import InventoryError
 
 from .conftest import PROD_INVENTORY, InventoryFactory, head_vars, worker_vars
@@ -70,6 +70,26 @@ def test_several_heads(make_inventory: InventoryFactory) -> None:
     line = only_problem(make_inventory(two_heads))
     assert "found 2 hosts (head, worker)" in line
     assert "ray_workers" in line
+
+
+def test_the_control_group_names_at_most_one_host(make_inventory: InventoryFactory) -> None:
+    """Issue 34 step 6: gpufleet_control (what runs once per fleet) is optional; the Ray head stands in."""
+    assert load(make_inventory()).control == "head"
+
+    def one_gateway(hosts: dict[str, Any]) -> None:
+        hosts["gpufleet_control"] = {"hosts": {"gateway": {"ansible_host": "10.0.0.9"}}}
+
+    fleet = load(make_inventory(one_gateway))
+    assert fleet.problems == () and fleet.control == "gateway"  # any host: the gateway may have no GPU
+
+    def two(hosts: dict[str, Any]) -> None:
+        hosts["gpufleet_control"] = {"hosts": {"gateway": {}, "head": {}}}
+
+    line = only_problem(make_inventory(two))
+    assert line == (
+        "group gpufleet_control: hosts: found 2 hosts (gateway, head); expected one host (what runs once per "
+        "fleet: the run marker), or no such group (the Ray head is used). Fix: keep one host in gpufleet_control"
+    )
 
 
 def test_duplicate_host_name_in_yaml(make_inventory: InventoryFactory) -> None:

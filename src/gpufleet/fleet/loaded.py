@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from gpufleet.fleet.control import control_host
 from gpufleet.fleet.disagg import POOLS, PROXY_PORT, has_pools
 from gpufleet.fleet.inventory import read_inventory
 from gpufleet.fleet.raw import RawInventory
@@ -138,6 +139,11 @@ class Fleet:
         if self.raw is None or not has_pools(self.raw):
             return {}
         return {group: tuple(host.name for host in self.raw.members(group)) for group in POOLS}
+
+    @property
+    def control(self) -> str | None:
+        """The control host (:mod:`gpufleet.fleet.control`): group gpufleet_control's, else the Ray head's."""
+        return control_host(self.raw) if self.raw is not None else None
 
     @property
     def endpoint(self) -> Endpoint | None:

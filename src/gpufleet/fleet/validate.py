@@ -107,6 +107,7 @@ def validate(raw: RawInventory) -> Validation:
         result.problems += _unknown_variables(host, roles)
         result.problems += check_values(host, options)
     result.problems += host_name_problems(raw)
+    result.problems += control_problems(raw)
     result.problems += _fleet_wide_differences(nodes, roles)
     result.problems += check_ports(raw, nodes, project_root())
     if not nodes:

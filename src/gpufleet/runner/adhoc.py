@@ -1,6 +1,6 @@
-"""The runner's ad-hoc commands on hosts, outside the stages' playbooks: the head's run marker
-(:mod:`gpufleet.runner.head_marker`) and the host cleanup after a cancel
-(:mod:`gpufleet.runner.host_cleanup`).
+"""The runner's ad-hoc commands on hosts, outside the stages' playbooks: the run marker on the control host
+(:mod:`gpufleet.runner.head_marker`; :mod:`gpufleet.fleet.control`: group gpufleet_control's host, else the
+Ray head) and the host cleanup after a cancel (:mod:`gpufleet.runner.host_cleanup`).
 
 Each is one ``raw`` command through ansible-runner, with the stages' inventory, project and environment.
 """
@@ -26,20 +26,20 @@ from gpufleet.runner.head_marker import (
 from gpufleet.runner.options import DeployError
 from gpufleet.runner.owned import OwnedProcesses, host_cleanup_command
 
-HEAD = "ray_head[0]"  # the host that holds the run marker
-MARKER_SECONDS = 60  # the marker script's time limit on the head
+HEAD = "ray_head[0]"  # the control host when the caller names none (an inventory without gpufleet_control)
+MARKER_SECONDS = 60  # the marker script's time limit on the control host
 
 
 class HeadUnreachableError(Exception):
     """The head did not run the marker script (unreachable, no python3, no sudo)."""
 
 
-def head_marker(specs: Sequence[RunSpec], action: str) -> HeadMarker | None:
-    """The run's marker on the head (:mod:`gpufleet.runner.head_marker`) when the run changes hosts."""
+def head_marker(specs: Sequence[RunSpec], action: str, control: str | None = None) -> HeadMarker | None:
+    """The run's marker on the control host ``control`` (None: the Ray head) when the run changes hosts."""
     if not specs or not changes_hosts([spec.stage for spec in specs], specs[0].check):
         return None
     holder = RunHolder.this_run(action, str(specs[0].inventory))
-    return HeadMarker(lambda arguments: on_head(specs[0], arguments), holder)
+    return HeadMarker(lambda arguments: on_head(specs[0], arguments, control), holder)
 
 
 def acquire(marker: HeadMarker | None) -> list[str]:
@@ -54,8 +54,9 @@ def acquire(marker: HeadMarker | None) -> list[str]:
         return [f"run marker not written on the head: {error}"]
 
 
-def on_head(spec: RunSpec, arguments: list[str]) -> str:
-    """Run the marker script on the head (the first host of ray_head) as root; its stdout."""
+def on_head(spec: RunSpec, arguments: list[str], control: str | None = None) -> str:
+    """Run the marker script on the control host (``control``; None: the first host of ray_head) as root;
+    its stdout."""
     said: list[str] = []
     matched: list[str] = []
 
@@ -71,25 +72,27 @@ def on_head(spec: RunSpec, arguments: list[str]) -> str:
         return False
 
     raw_on_hosts(
-        spec, HEAD, script_argv(arguments), timeout=MARKER_SECONDS, become=True, event_handler=handler
+        spec, control or HEAD, script_argv(arguments), timeout=MARKER_SECONDS, become=True, event_handler=handler
     )
     if not matched:
-        return '{"taken": true}'  # no ray_head in the inventory: no head to mark
+        return '{"taken": true}'  # no control host in the inventory: nothing to mark
     if matched[-1] != "runner_on_ok":
         raise HeadUnreachableError(" ".join(said).strip()[-300:] or matched[-1])
     return "\n".join(said)
 
 
-def clean_hosts(spec: RunSpec, started: float, deadline: float, run_id: str = "") -> None:
-    """After a cancel: on every host of the run, kill what the run left (gpufleet.runner.host_cleanup), before
-    deadline."""
+def clean_hosts(
+    spec: RunSpec, started: float, deadline: float, run_id: str = "", control: str | None = None
+) -> None:
+    """After a cancel: on every host of the run and the control host (``control``; None: the Ray head), kill
+    what the run left (gpufleet.runner.host_cleanup) and release its marker, before deadline."""
     seconds = int(deadline - time.monotonic())
     if seconds < 2:
         return
     with contextlib.suppress(Exception):  # best effort: the report says canceled either way
         raw_on_hosts(
             spec,
-            f"{spec.limit}:{HEAD}" if spec.limit else "all:!localhost",
+            f"{spec.limit}:{control or HEAD}" if spec.limit else "all:!localhost",
             host_cleanup_command(started, run_id, MARKER_PATH),
             timeout=seconds,
         )

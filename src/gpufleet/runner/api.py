@@ -82,12 +82,14 @@ def deploy(
     action = "check" if check else "deploy"
     restored: RollbackReport | None = None
     with _one_run(fleet.path, action), _downtime_meter(fleet.endpoint if gated else None) as meter:
-        marker = head_marker(specs, action)
+        marker = head_marker(specs, action, fleet.control)
         warnings = acquire(marker)
-        results, facts = _run(specs, progress, cancel, marker)
+        results, facts = _run(specs, progress, cancel, marker, control=fleet.control)
         failed = next((result.name for result in results if result.status != "ok"), None)
         if rollback and gated and failed in ROLLBACK_AFTER and results[-1].status == "failed":
-            restored = _rollback(options, "current", progress, cancel, marker, required=False)
+            restored = _rollback(
+                options, "current", progress, cancel, marker, required=False, control=fleet.control
+            )
     report = DeployReport(
         ok=failed is None,
         check_mode=check,
@@ -122,9 +124,11 @@ def rollback(
     first = spec(Step("rollback"), options)
     started = time.monotonic()
     with _one_run(fleet.path, "rollback"), _downtime_meter(fleet.endpoint) as meter:
-        marker = head_marker([first], "rollback")
+        marker = head_marker([first], "rollback", fleet.control)
         warnings = acquire(marker)
-        restored = _rollback(options, to, progress, cancel, marker, required=True, acquired=True)
+        restored = _rollback(
+            options, to, progress, cancel, marker, required=True, acquired=True, control=fleet.control
+        )
     stage = restored.stage or StageResult(name="rollback", status="failed", seconds=0.0)
     return DeployReport(
         ok=restored.ok,
@@ -154,9 +158,9 @@ def teardown(
     _check_limit(fleet, limit)
     started = time.monotonic()
     with _one_run(fleet.path, "teardown"):
-        marker = head_marker([run], "teardown")
+        marker = head_marker([run], "teardown", fleet.control)
         warnings = acquire(marker)
-        results, _ = _run([run], progress, cancel, marker)
+        results, _ = _run([run], progress, cancel, marker, control=fleet.control)
     ok = results[0].status == "ok"
     return DeployReport(
         ok=ok,
@@ -212,6 +216,7 @@ def _rollback(
     *,
     required: bool,
     acquired: bool = False,
+    control: str | None = None,
 ) -> RollbackReport:
     """Run playbooks/rollback.yml for ``slot`` and read what it published (``gpufleet_rollback``)."""
     # Not the failed run's -e values nor its limit: the restored revision brings its own settings.
@@ -227,7 +232,7 @@ def _rollback(
             acquire(marker)
         except DeployError as busy:
             return RollbackReport(slot=slot, ok=False, skipped=str(busy))
-    results, facts = _run([run], progress, cancel, marker)
+    results, facts = _run([run], progress, cancel, marker, control=control)
     stage = results[0] if results else None
     published = facts.rollback
     if published is None:
@@ -249,11 +254,13 @@ def _run(
     progress: ProgressSink | None,
     cancel: Callable[[], bool] | None,
     marker: HeadMarker | None = None,
+    *,
+    control: str | None = None,
 ) -> tuple[list[StageResult], PublishedFacts]:
     """run_stages, owning the processes the run starts: none outlives it here, nor (canceled) on the hosts.
 
-    The head's marker (when ``marker`` holds one) is removed at the end: by the host cleanup after a cancel
-    (one round trip within CANCEL_SECONDS), else on its own."""
+    The marker on the control host ``control`` (when ``marker`` holds one) is removed at the end: by the host
+    cleanup after a cancel (one round trip within CANCEL_SECONDS), else on its own."""
     started = time.time()
     run_id = marker.holder.run_id if marker is not None and marker.written else ""
     canceled = False
@@ -262,7 +269,7 @@ def _run(
             results, published = run_stages(specs, progress, cancel)
         canceled = bool(results) and results[-1].status == "canceled"
         if canceled and specs:
-            clean_hosts(specs[-1], started, owned.deadline(), run_id)
+            clean_hosts(specs[-1], started, owned.deadline(), run_id, control=control)
     finally:
         if run_id and marker is not None and not canceled:
             with contextlib.suppress(Exception):  # best effort: a marker left is stale once the run is gone
