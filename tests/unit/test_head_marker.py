@@ -254,7 +254,8 @@ def test_the_marker_goes_to_the_control_group_and_else_to_the_ray_head(fleet: di
     assert fleet["control"] == "node1"
 
     inventory.write_text(
-        inventory.read_text(encoding="utf-8") + "    gpufleet_control: {hosts: {gateway: {}}}\n", encoding="utf-8"
+        inventory.read_text(encoding="utf-8") + "    gpufleet_control: {hosts: {gateway: {}}}\n",
+        encoding="utf-8",
     )
     fleet["status"] = "canceled"
     api.deploy(inventory, stages=["nodes"], validate_inventory=False)
@@ -269,12 +270,19 @@ def test_the_marker_command_is_sent_to_the_control_host(monkeypatch: pytest.Monk
         sent.append(pattern)
 
     monkeypatch.setattr(adhoc, "raw_on_hosts", raw_on_hosts)
-    spec = RunSpec(stage="nodes", project=Path("."), playbook=Path("p.yml"), inventory=Path("h"), extravars={})
+    spec = RunSpec(
+        stage="nodes", project=Path("."), playbook=Path("p.yml"), inventory=Path("h"), extravars={}
+    )
     adhoc.on_head(spec, ["acquire"], "gateway")
     adhoc.on_head(spec, ["acquire"])
     adhoc.clean_hosts(spec, 0.0, time.monotonic() + 60, "r" * 32, control="gateway")
     limited = RunSpec(
-        stage="nodes", project=Path("."), playbook=Path("p.yml"), inventory=Path("h"), extravars={}, limit="node2"
+        stage="nodes",
+        project=Path("."),
+        playbook=Path("p.yml"),
+        inventory=Path("h"),
+        extravars={},
+        limit="node2",
     )
     adhoc.clean_hosts(limited, 0.0, time.monotonic() + 60, "r" * 32, control="gateway")
     assert sent == ["gateway", "ray_head[0]", "all:!localhost", "node2:gateway"]

@@ -87,8 +87,9 @@ def test_the_control_group_names_at_most_one_host(make_inventory: InventoryFacto
 
     line = only_problem(make_inventory(two))
     assert line == (
-        "group gpufleet_control: hosts: found 2 hosts (gateway, head); expected one host (what runs once per "
-        "fleet: the run marker), or no such group (the Ray head is used). Fix: keep one host in gpufleet_control"
+        "group gpufleet_control: hosts: found 2 hosts (gateway, head); expected one host (what runs once "
+        "per fleet: the run marker), or no such group (the Ray head is used). "
+        "Fix: keep one host in gpufleet_control"
     )
 
 

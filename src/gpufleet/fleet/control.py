@@ -25,7 +25,7 @@ def control_host(raw: RawInventory) -> str | None:
 
 
 def control_problems(raw: RawInventory) -> list[Problem]:
-    """``gpufleet_control`` holds at most one host (it is optional: without it the Ray head is the control host)."""
+    """``gpufleet_control`` holds at most one host (optional: without it the Ray head is the control host)."""
     hosts = raw.members(CONTROL_GROUP)
     if len(hosts) <= 1:
         return []

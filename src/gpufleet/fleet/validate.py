@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from gpufleet.fleet.compatibility import check_compatibility
+from gpufleet.fleet.control import control_problems
 from gpufleet.fleet.disagg import check_disagg, has_pools
 from gpufleet.fleet.host_names import host_name_problems
 from gpufleet.fleet.inventory import read_inventory

@@ -72,7 +72,12 @@ def on_head(spec: RunSpec, arguments: list[str], control: str | None = None) -> 
         return False
 
     raw_on_hosts(
-        spec, control or HEAD, script_argv(arguments), timeout=MARKER_SECONDS, become=True, event_handler=handler
+        spec,
+        control or HEAD,
+        script_argv(arguments),
+        timeout=MARKER_SECONDS,
+        become=True,
+        event_handler=handler,
     )
     if not matched:
         return '{"taken": true}'  # no control host in the inventory: nothing to mark
