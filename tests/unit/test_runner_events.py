@@ -140,6 +140,16 @@ def test_an_unreachable_host_is_a_failure_that_says_so() -> None:
     assert "Connection refused" in failure.message
 
 
+def test_a_failed_run_whose_tasks_ran_without_a_standing_failure_does_not_say_nothing_ran() -> None:
+    """Rehearsal of 2026-12-02: rollback.yml exited 2 after 30 tasks on the head, no failure standing (a rescued
+    one in a play with any_errors_fatal), and the report said "failed before any task ran"."""
+    result = record("changed", status="failed")
+
+    assert result.failures == () and result.hosts
+    assert result.error is not None and "before any task ran" not in result.error
+    assert "no host's failure stood" in result.error and "any_errors_fatal" in result.error
+
+
 def test_a_playbook_that_does_not_parse_reports_ansibles_error() -> None:
     result = record("syntax_error", status="failed")
 

@@ -83,6 +83,15 @@ class _Host:
         return round((self.last - self.first).total_seconds(), 3) if self.first and self.last else 0.0
 
 
+NOTHING_RAN = "ansible-playbook failed before any task ran"
+# Seen in the lab (rehearsal of 2026-12-02): a task that failed and was rescued on one host of a play with
+# any_errors_fatal ended the play on the other hosts, and ansible-playbook exited 2 with no failure standing.
+RAN_BUT_FAILED = (
+    "ansible-playbook exited as failed, but no host's failure stood (its tasks ran: see the counts); a failure "
+    "that a rescue handled still ends a play with any_errors_fatal on every host"
+)
+
+
 class StageRecorder:
     """The ``event_handler`` for one stage's ansible-runner run."""
 
@@ -150,7 +159,8 @@ class StageRecorder:
         failures = tuple(f for name, host in sorted(self._hosts.items()) for f in self._final(name, host))
         error = None
         if status != "ok" and not failures:
-            error = _STOPPED.get(status) or self._error() or "ansible-playbook failed before any task ran"
+            ran = any(host.ok or host.failed or host.rescued for host in hosts)
+            error = _STOPPED.get(status) or self._error() or (RAN_BUT_FAILED if ran else NOTHING_RAN)
         return StageResult(
             name=self.stage,
             status=status,
