@@ -141,8 +141,8 @@ def test_an_unreachable_host_is_a_failure_that_says_so() -> None:
 
 
 def test_a_failed_run_whose_tasks_ran_without_a_standing_failure_does_not_say_nothing_ran() -> None:
-    """Rehearsal of 2026-12-02: rollback.yml exited 2 after 30 tasks on the head, no failure standing (a rescued
-    one in a play with any_errors_fatal), and the report said "failed before any task ran"."""
+    """Rehearsal of 2026-12-02: rollback.yml exited 2 after 30 tasks on the head, no failure standing (a
+    rescued one in a play with any_errors_fatal), and the report said "failed before any task ran"."""
     result = record("changed", status="failed")
 
     assert result.failures == () and result.hosts

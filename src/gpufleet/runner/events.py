@@ -87,8 +87,8 @@ NOTHING_RAN = "ansible-playbook failed before any task ran"
 # Seen in the lab (rehearsal of 2026-12-02): a task that failed and was rescued on one host of a play with
 # any_errors_fatal ended the play on the other hosts, and ansible-playbook exited 2 with no failure standing.
 RAN_BUT_FAILED = (
-    "ansible-playbook exited as failed, but no host's failure stood (its tasks ran: see the counts); a failure "
-    "that a rescue handled still ends a play with any_errors_fatal on every host"
+    "ansible-playbook exited as failed, but no host's failure stood (its tasks ran: see the counts); "
+    "a failure that a rescue handled still ends a play with any_errors_fatal on every host"
 )
 
 
