@@ -2,11 +2,12 @@
 
 The other half of ``gpufleet_converged``: the node's stamp holds this digest from the role's last converge,
 so a role is skipped only while its inputs are what they were. The digest is deliberately broad: the
-role's own files (tasks, templates, defaults, vars) and the collection's modules, every variable named with
-the given prefixes (the role's inputs and the fleet-wide ``gpufleet_*`` ones, from the inventory, extra
-vars and defaults alike), and whatever else the caller names (other hosts' addresses, group membership). A
-variable the role does not read only costs a converge when it changes; one it reads and the digest missed
-would leave a node unconverged, so prefixes, not lists, select them.
+role's own files (tasks, templates, defaults, vars), the collection's modules and their shared code
+(module_utils), every variable named with the given prefixes (the role's inputs and the fleet-wide
+``gpufleet_*`` ones, from the inventory, extra vars and defaults alike), and whatever else the caller names
+(other hosts' addresses, group membership). A variable the role does not read only costs a converge when it
+changes; one it reads and the digest missed would leave a node unconverged, so prefixes, not lists, select
+them.
 
 With ``fleet=true`` it digests a whole deploy instead (playbooks/fleet_check.yml): the collection's
 roles, plugins and playbooks, every inventory host's variables named with a role's prefix or ``gpufleet_``,
@@ -20,10 +21,10 @@ name: gpufleet_inputs
 author: gpufleet maintainers (@gpufleet)
 short_description: Digest a role's inputs, for gpufleet_converged
 description:
-  - Returns the sha256 of the calling role's files (but its Markdown docs), the collection's modules, the
-    values of every variable whose name starts with one of the given prefixes (names starting with C(__),
-    which are registered results and internals, and the run-time facts in I(exclude) left out) and
-    I(extra).
+  - Returns the sha256 of the calling role's files (but its Markdown docs), the collection's modules and
+    their module_utils, the values of every variable whose name starts with one of the given prefixes
+    (names starting with C(__), which are registered results and internals, and the run-time facts in
+    I(exclude) left out) and I(extra).
   - Must be called from inside a role (it reads C(role_path)), unless I(fleet) is true.
   - With I(fleet=true), the digest of a whole deploy instead, for the fleet stamp
     (playbooks/fleet_check.yml), over the collection's roles, plugins and playbooks (but docs and Molecule
@@ -116,6 +117,7 @@ RUN_TIME_FACTS = (
 )
 _PLUGINS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _MODULES = os.path.join(_PLUGINS, "modules")
+_MODULE_UTILS = os.path.join(_PLUGINS, "module_utils")  # the modules' shared code: it runs with them
 # The collection's root (a checkout, or ansible_collections/gpufleet/gpufleet installed): what a deploy runs.
 _COLLECTION = os.path.dirname(_PLUGINS)
 # The group playbooks/fleet_check.yml fills when every node is in sync: a result, not an input.
@@ -163,6 +165,7 @@ class LookupModule(LookupBase):  # type: ignore[misc]  # ansible-core ships no t
         inputs = {
             "role": tree_digest(str(role_path)),
             "modules": tree_digest(_MODULES) if os.path.isdir(_MODULES) else "",
+            "module_utils": tree_digest(_MODULE_UTILS) if os.path.isdir(_MODULE_UTILS) else "",
             "vars": values,
             "extra": self._plain(self.get_option("extra")),
         }

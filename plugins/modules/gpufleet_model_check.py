@@ -73,8 +73,6 @@ removed:
   elements: str
 """
 
-import hashlib
-import json
 import os
 import shutil
 import stat
@@ -90,17 +88,29 @@ if TYPE_CHECKING:  # annotations only: never evaluated on the node, whatever its
     # itself. Plain dicts: they come from the module's parameters and go back as JSON.
     FileEntry = dict[str, Any]
 
-
-MARKER = ".gpufleet-model.json"
-CHUNK = 1 << 20
-
-
-def sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as src:
-        while chunk := src.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+# Shared host-side code: plugins/module_utils (docs/conventions.md, Python layout, says why in this shape)
+if TYPE_CHECKING:  # mypy reads the repository's
+    from plugins.module_utils.gpufleet_files import (
+        MODEL_MARKER,
+        read_model_marker,
+        sha256,
+        write_model_marker,
+    )
+else:
+    try:  # a checkout or the wheel: ansible.cfg's module_utils path, beside library
+        from ansible.module_utils.gpufleet_files import (
+            MODEL_MARKER,
+            read_model_marker,
+            sha256,
+            write_model_marker,
+        )
+    except ImportError:  # the installed collection
+        from ansible_collections.gpufleet.gpufleet.plugins.module_utils.gpufleet_files import (
+            MODEL_MARKER,
+            read_model_marker,
+            sha256,
+            write_model_marker,
+        )
 
 
 def git(path: str, *args: str) -> str:
@@ -139,7 +149,7 @@ def present_files(path: str) -> tuple[set[str], list[str]]:
                     odd.append(os.path.normpath(os.path.join(here, name)))
         for name in filenames:
             rel = os.path.normpath(os.path.join(here, name))
-            if rel != MARKER:
+            if rel != MODEL_MARKER:
                 mode = os.lstat(os.path.join(dirpath, name)).st_mode
                 (files.add(rel) if stat.S_ISREG(mode) else odd.append(rel))
     return files, sorted(odd)
@@ -186,15 +196,6 @@ def check_file(path: str, name: str, want: Mapping[str, Any], verify: str) -> tu
     return None, digest
 
 
-def read_marker(path: str) -> dict[str, Any] | None:
-    try:
-        with open(os.path.join(path, MARKER)) as src:
-            marker: dict[str, Any] = json.load(src)
-            return marker
-    except (OSError, ValueError):
-        return None
-
-
 def dedupe(path: str, files: Mapping[str, FileEntry]) -> int:
     """One copy of each weight on disk: the LFS object becomes a hard link of the checked-out file."""
     linked = 0
@@ -223,13 +224,13 @@ def expected_files(module: AnsibleModule, path: str) -> tuple[dict[str, FileEntr
             module.fail_json(msg=f"{path}: not a readable git-lfs checkout ({exc}). Fix: run the role again.")
     if params["files"]:
         return params["files"], params["revision"]
-    marker = read_marker(path) or {}
+    marker = read_model_marker(path) or {}
     return marker.get("files", {}), marker.get("revision", "")
 
 
 def run(module: AnsibleModule) -> dict[str, Any]:
     params = module.params
-    path, marker_path = params["path"], os.path.join(params["path"], MARKER)
+    path, marker_path = params["path"], os.path.join(params["path"], MODEL_MARKER)
     if params["state"] == "invalidate":
         present = os.path.exists(marker_path)
         if present and not module.check_mode:
@@ -239,7 +240,7 @@ def run(module: AnsibleModule) -> dict[str, Any]:
         return promote(module)
     listed = expected_files(module, path)[0] if params["prune"] else {}
     removed = prune(path, listed) if listed and not module.check_mode else []  # no list: never prune all
-    marker = read_marker(path)
+    marker = read_model_marker(path)
     files, revision = expected_files(module, path)
     problems: list[str] = []
     if params["revision"] and revision != params["revision"]:
@@ -269,9 +270,7 @@ def run(module: AnsibleModule) -> dict[str, Any]:
     if params["state"] == "record" and result["ok"] and marker != wanted:
         result["changed"] = True
         if not module.check_mode:
-            with open(marker_path + ".tmp", "w") as out:
-                json.dump(wanted, out, indent=1, sort_keys=True)
-            os.replace(marker_path + ".tmp", marker_path)
+            write_model_marker(path, wanted)
     if params["dedupe_lfs"] and result["ok"] and not module.check_mode:
         result["changed"] = dedupe(path, recorded) > 0 or result["changed"]
     result["recorded"] = result["ok"] and (marker == wanted or params["state"] == "record")
@@ -299,7 +298,7 @@ def promote(module: AnsibleModule) -> dict[str, Any]:
         shutil.rmtree(staging, ignore_errors=True)
         result["changed"] = True
         return result
-    marker_path = os.path.join(path, MARKER)
+    marker_path = os.path.join(path, MODEL_MARKER)
     if os.path.exists(marker_path):
         os.unlink(marker_path)
     os.makedirs(path, exist_ok=True)
@@ -311,10 +310,7 @@ def promote(module: AnsibleModule) -> dict[str, Any]:
         os.replace(os.path.join(staging, name), target)
     result["removed"] = prune(path, files)
     shutil.rmtree(staging, ignore_errors=True)
-    wanted = {"repo": params["repo"], "revision": params["revision"], "files": files}
-    with open(marker_path + ".tmp", "w") as out:
-        json.dump(wanted, out, indent=1, sort_keys=True)
-    os.replace(marker_path + ".tmp", marker_path)
+    write_model_marker(path, {"repo": params["repo"], "revision": params["revision"], "files": files})
     result.update(changed=True, recorded=True)
     return result
 

@@ -75,9 +75,20 @@ from ansible.module_utils.basic import AnsibleModule
 if TYPE_CHECKING:  # annotations only: never evaluated on the node, whatever its Python
     from collections.abc import Mapping
 
+# Shared host-side code: plugins/module_utils (docs/conventions.md, Python layout, says why in this shape)
+if TYPE_CHECKING:  # mypy reads the repository's
+    from plugins.module_utils.gpufleet_files import read_model_marker, sha256
+else:
+    try:  # a checkout or the wheel: ansible.cfg's module_utils path, beside library
+        from ansible.module_utils.gpufleet_files import read_model_marker, sha256
+    except ImportError:  # the installed collection
+        from ansible_collections.gpufleet.gpufleet.plugins.module_utils.gpufleet_files import (
+            read_model_marker,
+            sha256,
+        )
+
 SLOTS = ("current", "previous")
 RECORD = "revision.json"
-MARKER = ".gpufleet-model.json"
 IMAGE_TAG = "gpufleet/revision"
 
 
@@ -89,19 +100,13 @@ def file_state(path: str) -> dict[str, Any] | None:
     """sha256 and mode of a regular file, None when it is absent."""
     if not os.path.isfile(path):
         return None
-    digest = hashlib.sha256()
-    with open(path, "rb") as src:
-        for chunk in iter(lambda: src.read(1 << 20), b""):
-            digest.update(chunk)
-    return {"sha256": digest.hexdigest(), "mode": f"{os.stat(path).st_mode & 0o7777:04o}"}
+    return {"sha256": sha256(path), "mode": f"{os.stat(path).st_mode & 0o7777:04o}"}
 
 
 def model_revision(model_dir: str) -> str:
-    try:
-        with open(os.path.join(model_dir, MARKER)) as src:
-            return str(json.load(src).get("revision", ""))
-    except (OSError, ValueError):
-        return ""
+    """The commit the model directory's marker names; empty without a readable marker."""
+    marker = read_model_marker(model_dir)
+    return "" if marker is None else str(marker.get("revision", ""))
 
 
 def keep_dir(model_dir: str, slot: str) -> str:

@@ -62,24 +62,26 @@ why:
 """
 
 import json
-import subprocess
 import time
 import urllib.error
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
 
+# Shared host-side code: plugins/module_utils (docs/conventions.md, Python layout, says why in this shape)
+if TYPE_CHECKING:  # mypy reads the repository's
+    from plugins.module_utils.gpufleet_units import unit_properties
+else:
+    try:  # a checkout or the wheel: ansible.cfg's module_utils path, beside library
+        from ansible.module_utils.gpufleet_units import unit_properties
+    except ImportError:  # the installed collection
+        from ansible_collections.gpufleet.gpufleet.plugins.module_utils.gpufleet_units import unit_properties
+
 
 def unit_state(unit: str) -> tuple[int, str]:
     """(NRestarts, ActiveState) of a systemd unit; (0, '') when systemctl cannot say."""
-    done = subprocess.run(
-        ["systemctl", "show", "--property=NRestarts", "--property=ActiveState", unit],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    values = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    values = unit_properties(unit, ("NRestarts", "ActiveState"))
     try:
         return int(values.get("NRestarts", "0") or 0), values.get("ActiveState", "")
     except ValueError:

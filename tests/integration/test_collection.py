@@ -16,6 +16,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from tests.module_calls import MODULES, answer, argv, call, module_play
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -40,16 +41,21 @@ def collection(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return work
 
 
-def playbook(collection: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {
+def collection_env(collection: Path) -> dict[str, str]:
+    """The installed collection and the empty ansible.cfg: nothing of the checkout."""
+    return {
         **{k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")},
         "ANSIBLE_COLLECTIONS_PATH": str(collection / "cols"),
         "ANSIBLE_CONFIG": str(collection / "ansible.cfg"),
         "ANSIBLE_NOCOLOR": "1",
     }
+
+
+def playbook(collection: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(BIN / "ansible-playbook"), *args],
-        cwd=collection, env=env, capture_output=True, text=True, timeout=300, check=False,
+        cwd=collection, env=collection_env(collection),
+        capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
 
 
@@ -100,6 +106,23 @@ def test_one_real_stage_runs_from_the_collection(collection: Path, tmp_path: Pat
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "ok: [gpu-head-01 -> localhost]" in result.stdout
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_a_module_finds_its_shared_code_in_the_collection(
+    collection: Path, tmp_path: Path, module: str
+) -> None:
+    """Ansible packs the collection's plugins/module_utils (nothing here names a module_utils path, as a
+    checkout's ansible.cfg does)."""
+    args, key, expected = call(module, tmp_path)
+    done = subprocess.run(
+        argv(BIN / "ansible-playbook", module_play(f"gpufleet.gpufleet.{module}", args, tmp_path)),
+        cwd=collection, env=collection_env(collection),
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+    result = answer(tmp_path, done)
+    assert result.get(key) in expected, result
 
 
 # ansible-test bootstraps pip in each of its venvs with a get-pip script it downloads from a site beyond the

@@ -7,6 +7,7 @@ from the wheel. Dependencies come from the package index (pip's cache after the 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,7 +17,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import run_installed
+from conftest import installed_env, run_installed
+from tests.module_calls import MODULES, answer, argv, call, module_play
 
 REPO = Path(__file__).resolve().parents[2]
 COLLECTION = "gpufleet/_data/ansible_collections/gpufleet/gpufleet/"
@@ -69,6 +71,38 @@ def test_the_installed_wheel_finds_its_playbooks_and_manifest(
     assert (root / "offline_bundle" / "manifest.yml").is_file()
     help_text = run_installed(installed_gpufleet, "bundle", "build", "--help", cwd=tmp_path)
     assert help_text.returncode == 0 and "--manifest" in help_text.stdout
+
+
+STRATEGY_OF_THE_RUNNER = (  # the strategy the installed gpufleet's runner chooses, as its environment
+    "import json, os; from gpufleet.runner.arguments import strategy_env; "
+    "print(json.dumps(strategy_env(os.environ)))"
+)
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_the_installed_wheel_runs_a_module_with_its_shared_code(
+    installed_gpufleet: Path, tmp_path: Path, module: str
+) -> None:
+    """As `gpufleet deploy` from the wheel runs its roles: the venv's ansible under the runner's strategy,
+    with the collection's ansible.cfg, whose module_utils path (beside library) gives the module its shared
+    code."""
+    python = installed_gpufleet / "python"
+    (config,) = installed_gpufleet.parent.glob(f"lib/python3*/site-packages/{COLLECTION}ansible.cfg")
+    strategy = subprocess.run(
+        [str(python), "-c", STRATEGY_OF_THE_RUNNER], env=installed_env(installed_gpufleet),
+        capture_output=True, text=True, check=True, cwd=tmp_path,
+    )  # fmt: skip
+    env = installed_env(installed_gpufleet) | json.loads(strategy.stdout)
+    env |= {"ANSIBLE_CONFIG": str(config), "ANSIBLE_NOCOLOR": "1"}
+    args, key, expected = call(module, tmp_path)
+    play = module_play(module, args, tmp_path)
+    done = subprocess.run(
+        argv(installed_gpufleet / "ansible-playbook", play, python=str(python)),
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+    result = answer(tmp_path, done)
+    assert result.get(key) in expected, result
 
 
 def wheels_manifest(tmp_path: Path) -> Path:

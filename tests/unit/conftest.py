@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -88,6 +89,19 @@ def make_inventory(tmp_path: Path) -> InventoryFactory:
         return directory
 
     return factory
+
+
+def module_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The environment to run a module of plugins/modules as a plain script (``python MODULE ARGS_FILE``): its
+    shared code (plugins/module_utils) importable as an installed collection's, through a collections tree
+    under ``tmp_path`` that links to this repository; ``extra`` added."""
+    root = tmp_path / "collections"
+    link = root / "ansible_collections" / "gpufleet" / "gpufleet"
+    if not link.is_symlink():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(REPO, target_is_directory=True)
+    path = os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))
+    return {**os.environ, "PYTHONPATH": path, **extra}
 
 
 def head_vars(hosts: dict[str, Any]) -> dict[str, Any]:

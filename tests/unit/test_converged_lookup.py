@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -100,10 +101,12 @@ def printed_digest(argv: list[str], env: dict[str, str]) -> str:
     return line.split("DIGEST=")[1].strip().strip('"')
 
 
-def digest(project: Path, *extra: str) -> str:
+def digest(project: Path, *extra: str, lookups: Path = REPO / "plugins/lookup") -> str:
     args = [arg for value in extra for arg in ("-e", value)]
     argv = ["-i", "localhost,", "-c", "local", str(project / "play.yml"), *args]
-    return printed_digest(argv, {"ANSIBLE_ROLES_PATH": str(project / "roles")})
+    return printed_digest(
+        argv, {"ANSIBLE_ROLES_PATH": str(project / "roles"), "ANSIBLE_LOOKUP_PLUGINS": str(lookups)}
+    )
 
 
 @pytest.mark.slow
@@ -122,6 +125,19 @@ def test_the_digest_follows_the_inputs_and_nothing_else(project: Path) -> None:
     (project / "roles" / "demo" / "templates").mkdir()
     (project / "roles" / "demo" / "templates" / "unit.j2").write_text("x\n")
     assert digest(project) != base
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("edited", ["modules/gpufleet_model_check.py", "module_utils/gpufleet_files.py"])
+def test_the_digest_follows_the_modules_and_the_code_they_share(project: Path, edited: str) -> None:
+    """A role's modules run plugins/module_utils too: an edit there is another converge, as in a module."""
+    plugins = project / "plugins"
+    shutil.copytree(REPO / "plugins", plugins, ignore=shutil.ignore_patterns("__pycache__"))
+    base = digest(project, lookups=plugins / "lookup")
+    with (plugins / edited).open("a") as changed:
+        changed.write("# edited\n")
+
+    assert digest(project, lookups=plugins / "lookup") != base
 
 
 def fleet_digest(tmp_path: Path, inventory: str, *extra: str) -> str:

@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from .conftest import module_env
+
 MODULE = Path(__file__).resolve().parents[2] / "plugins/modules/gpufleet_model_check.py"
 REPO_ID = "org/tiny"
 REV = "a" * 40
@@ -27,7 +29,11 @@ def run(tmp_path: Path, **args: Any) -> dict[str, Any]:
     params = tmp_path / "args.json"
     params.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"repo": REPO_ID, "revision": REV, **args}}))
     done = subprocess.run(
-        [sys.executable, str(MODULE), str(params)], capture_output=True, text=True, check=False
+        [sys.executable, str(MODULE), str(params)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=module_env(tmp_path),
     )
     result: dict[str, Any] = json.loads(done.stdout)
     return result

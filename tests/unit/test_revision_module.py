@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from .conftest import module_env
+
 REPO = Path(__file__).resolve().parents[2]
 MODULE = REPO / "plugins/modules/gpufleet_revision.py"
 DOCKER = REPO / "tests/doubles/docker-cli-double.sh"
@@ -67,7 +69,7 @@ class Node:
             capture_output=True,
             text=True,
             check=False,
-            env={**os.environ, "DOCKER_DOUBLE_DIR": str(self.docker)},
+            env=module_env(self.root, DOCKER_DOUBLE_DIR=str(self.docker)),
         )
         result: dict[str, Any] = json.loads(done.stdout)
         return result

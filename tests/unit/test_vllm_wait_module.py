@@ -15,6 +15,8 @@ from typing import Any, ClassVar
 
 import pytest
 
+from .conftest import module_env
+
 MODULE = Path(__file__).resolve().parents[2] / "plugins/modules/gpufleet_vllm_wait.py"
 
 
@@ -55,7 +57,11 @@ def wait(tmp_path: Path, **args: Any) -> dict[str, Any]:
     arguments = tmp_path / "args.json"
     arguments.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": params}))
     done = subprocess.run(
-        [sys.executable, str(MODULE), str(arguments)], capture_output=True, text=True, check=False
+        [sys.executable, str(MODULE), str(arguments)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=module_env(tmp_path),
     )
     result: dict[str, Any] = json.loads(done.stdout)
     return result
