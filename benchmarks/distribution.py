@@ -8,7 +8,7 @@
              (gpufleet_relay.py) through the other hosts -- the roles' `fanout` strategy;
    - chain:  the control node itself heads the chain (no SSH hop) -- the roles' `chain` strategy, what
              `auto` picks when the control node reaches the cluster network.
-   Both chain rows run the relay program the roles ship (roles/image_distribution/files/gpufleet_relay.py),
+   Both chain rows run the relay program the roles ship (roles/relay/files/gpufleet_relay.py),
    copied to every host, as the roles do.
    With --vanish K: one more chain copy to every host, during which host K's network goes away 10 s into
    the stream (``ip link set eth0 down`` in its namespace: no reset, as when a node loses power); the row
@@ -35,7 +35,7 @@ from gpufleet.bundle.lfs import LfsServer, make_lfs_repo
 from gpufleet.lab import Lab
 
 REPO = Path(__file__).resolve().parents[1]
-RELAY = REPO / "roles/image_distribution/files/gpufleet_relay.py"
+RELAY = REPO / "roles/relay/files/gpufleet_relay.py"
 PORT = 18499
 REMOTE = "/var/tmp/bench.bin"
 TOKEN = "/var/tmp/relay.token"  # the per-run token the relay requires (0600), on every host and here

@@ -111,6 +111,7 @@ RUN_TIME_FACTS = (
     "preflight_gpus",
     "ray_cluster_alive_nodes",
     "ray_cluster_report",
+    "relay_probe_reached",
     "vllm_service_gate_result",
     "vllm_service_instance",
     "vllm_service_restored",

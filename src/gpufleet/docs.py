@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from gpufleet.fleet.schema import VARIABLES, ServingSpec
+from gpufleet.fleet.schema import INTERNAL_ROLES, VARIABLES, ServingSpec
 from gpufleet.paths import project_root
 
 FLEET_VARIABLE_DOCS: dict[str, str] = {
@@ -77,6 +77,8 @@ def variables_section(root: Path) -> str:
     ]
     for spec_file in sorted(root.glob("roles/*/meta/argument_specs.yml")):
         role = spec_file.parent.parent.name
+        if role in INTERNAL_ROLES:
+            continue  # other roles set its options; an inventory does not (roles/<role>/README.md)
         specs: dict[str, Any] = yaml.safe_load(spec_file.read_text(encoding="utf-8")) or {}
         options: dict[str, Any] = (specs.get("argument_specs", {}).get("main") or {}).get("options") or {}
         documented = [name for name in options if name not in VARIABLES]

@@ -125,7 +125,7 @@ def test_a_receiver_an_earlier_run_left_waiting_does_not_turn_the_next_run_away(
     lab: RunningLab, bundle: Path, tmp_path: Path
 ) -> None:
     """A receiver of a canceled run, with its old token, on node2's relay port: the next run ends it first."""
-    relay = REPO / "roles" / "image_distribution" / "files" / "gpufleet_relay.py"
+    relay = REPO / "roles" / "relay" / "files" / "gpufleet_relay.py"
     copy = "mkdir -p /root/stale && cat > /root/stale/gpufleet_relay.py"
     lab.lab.ssh("node2", copy, stdin=relay.read_text())
     stale = (

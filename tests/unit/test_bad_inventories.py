@@ -87,6 +87,11 @@ CASES = {
         ),
         "vllm_pd_proxy_port: found a vault-encrypted",
     ),
+    # the relay is an internal role: image_distribution and model_fetch set its inputs, an inventory does not
+    "an internal role's input": (
+        append("group_vars/gpu_nodes.yml", b"relay_port: 18500\n"),
+        "relay_port: found an input of the internal relay role",
+    ),
     "ansible_host not an IP": (
         replace("hosts.yml", "ansible_host: 192.0.2.10", "ansible_host: 999.0.2.10"),
         "ansible_host: found '999.0.2.10'; expected an IP address or a host name",

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-RELAY = Path(__file__).resolve().parents[2] / "roles/image_distribution/files/gpufleet_relay.py"
+RELAY = Path(__file__).resolve().parents[2] / "roles/relay/files/gpufleet_relay.py"
 ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a file system: needs root")
 
 

@@ -164,3 +164,25 @@ def test_no_playbook_reads_a_roles_internals(playbook: str) -> None:
 def test_the_internals_check_finds_a_read() -> None:
     text = 'url: "{{ __vllm_service_url }}"\nmine: "{{ __verify_chat }}"\nray: "{{ __ray_cluster_status }}"'
     assert role_internals_read(text, ROLES) == ["__ray_cluster_status", "__vllm_service_url"]
+
+
+def role_code(role: str) -> str:
+    """What a role runs: its tasks, handlers, vars, defaults and templates."""
+    folder = REPO / "roles" / role
+    parts = ("tasks/*.yml", "handlers/*.yml", "vars/*.yml", "defaults/*.yml", "templates/*")
+    return "\n".join(path.read_text(encoding="utf-8") for part in parts for path in sorted(folder.glob(part)))
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_no_role_reads_another_roles_internals(role: str) -> None:
+    """Issue 34: a role calls another through its argument spec and reads its documented outputs (the relay's
+    relay_probe_reached); model_fetch once read image_distribution's __image_distribution_probe_reached."""
+    found = role_internals_read(role_code(role), [other for other in ROLES if other != role])
+    assert found == [], f"roles/{role} reads {found}: use that role's entry points and outputs (its README)"
+
+
+def test_the_role_internals_check_sees_a_role_reading_another() -> None:
+    text = "when: __image_distribution_probe_reached | default(false)\nport: '{{ __model_fetch_seed }}'"
+    assert role_internals_read(text, [role for role in ROLES if role != "model_fetch"]) == [
+        "__image_distribution_probe_reached"
+    ]

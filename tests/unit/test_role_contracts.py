@@ -16,7 +16,7 @@ import yaml
 
 import gpufleet
 from gpufleet.docs import render
-from gpufleet.fleet.schema import VARIABLES, ServingSpec
+from gpufleet.fleet.schema import INTERNAL_ROLES, VARIABLES, ServingSpec
 
 from .conftest import REPO
 
@@ -320,3 +320,30 @@ def test_the_roles_that_take_bundle_files_read_the_lock_through_the_plugin() -> 
         "nvidia_driver",
     }
     assert users == expected
+
+
+def roles_a_play_applies() -> set[str]:
+    """Roles named in a play's ``roles:`` or by an include/import in a playbook's own tasks."""
+    names: set[str] = set()
+    for path in [*REPO.glob("playbooks/*.yml"), REPO / "site.yml"]:
+        for play in load(path) or []:
+            roles = play.get("roles") or []
+            names |= {str(role["role"] if isinstance(role, dict) else role) for role in roles}
+            for section in ("pre_tasks", "tasks", "post_tasks"):
+                for task in tasks_in(play.get(section)):
+                    names |= {str((task.get(key) or {}).get("name")) for key in ROLE_INCLUDES if key in task}
+    return names
+
+
+@pytest.mark.parametrize("role", sorted(INTERNAL_ROLES))
+def test_an_internal_role_is_included_only_by_roles_and_says_so(role: str) -> None:
+    """Issue 34: the relay is a role of its own that image_distribution and model_fetch include with explicit
+    arguments; no play applies it, and its README says it is internal."""
+    assert role in ROLES, f"INTERNAL_ROLES names {role}, which roles/ does not have"
+    assert role not in roles_a_play_applies(), f"a playbook applies the internal role {role}"
+    readme = (REPO / "roles" / role / "README.md").read_text(encoding="utf-8")
+    assert "**Internal.**" in readme.split("\n\n")[1], f"roles/{role}/README.md does not open by saying so"
+
+
+def test_the_playbook_role_finder_finds_the_roles_plays_apply() -> None:
+    assert {"image_distribution", "model_fetch", "vllm_service"} <= roles_a_play_applies()

@@ -56,7 +56,7 @@ RANGES: tuple[tuple[str, Range], ...] = (
     (r".*_log_lines", Range(1, None, "lines")),
     (r"docker_log_max_file", Range(1, None, "files")),
     (r".*_tensor_parallel_size|.*_pipeline_parallel_size", Range(1, None, "GPUs")),
-    (r".*_(chain_min_bytes|relay_size)", Range(0, None, "bytes")),
+    (r".*_chain_min_bytes|(.*_)?relay_size", Range(0, None, "bytes")),
     (r"ray_cluster_object_store_memory", Range(1, None, "bytes")),
     (r".*_concurrency", Range(1, None, "transfers at once")),
     (r"ray_cluster_num_(cpus|gpus)", Range(0, None, "per node")),

@@ -286,6 +286,10 @@ FLEET_ONLY_VARIABLES = frozenset(
         "gpufleet_bundle_signers",  # preflight requires the lock signed by a key this file lists
     }
 )
+# Roles that only other roles include, with explicit arguments (the relay: image_distribution and
+# model_fetch). Their options are no inventory variables (validation refuses them) and the README's inventory
+# reference leaves them out; each such role's README says so.
+INTERNAL_ROLES = frozenset({"relay"})
 
 # Total memory per GPU as CUDA reports it (torch.cuda.mem_get_info), which is what vLLM multiplies by
 # gpu_memory_utilization. Measured: RTX 3090 (shared testdata), H100 80GB HBM3 (the GPU machine). The others

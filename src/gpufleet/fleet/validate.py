@@ -23,6 +23,7 @@ from gpufleet.fleet.raw import RawHost, RawInventory
 from gpufleet.fleet.role_values import check_values, role_options
 from gpufleet.fleet.schema import (
     FLEET_ONLY_VARIABLES,
+    INTERNAL_ROLES,
     VARIABLES,
     FleetSpec,
     GpuSpec,
@@ -189,6 +190,16 @@ def _unknown_variables(host: RawHost, roles: Mapping[str, str]) -> Iterator[Prob
     known = frozenset(_known(roles))
     prefixes = ("gpufleet_", "vllm_service_", *(f"{role}_" for role in sorted(set(roles.values()))))
     for name in sorted(host.variables):
+        if (role := roles.get(name)) in INTERNAL_ROLES:
+            yield Problem(
+                f"host {host.name}",
+                name,
+                f"an input of the internal {role} role, which the roles that include it set",
+                "no such variable in an inventory",
+                f"remove it; set the variables of the roles that include it (roles/{role}/README.md names "
+                "them)",
+            )
+            continue
         if name in known or name.startswith("ansible_"):
             continue
         owned = name.startswith(prefixes)
