@@ -7,7 +7,9 @@ deletion by a ``gpufleet/revision:<slot>`` tag) and the model directory (its mar
 links beside it: no second copy of the weights, and the model stage's atomic renames leave the kept links
 intact). Two slots: ``current`` (the last healthy revision) and ``previous`` (the one before). ``record``
 after a passed gate moves ``current`` to ``previous`` only when what runs differs; ``restore`` puts a slot's
-files, model and image back and says what it changed.
+files, model and image back and says what it changed. A file the current revision or ``files`` lists and the
+restored one does not know is removed: restoring a revision of another file layout (the one before vLLM
+instances) puts that layout back whole, not beside the current one.
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ options:
     record: make what runs now the current revision (the current one becomes previous) unless it already is;
     restore: put slot's files, model directory and image back."}
   root: {type: path, default: /var/lib/gpufleet/revisions, description: Where the revisions are kept.}
-  files: {type: list, elements: path, default: [], description: The files of the service (absent ones too).}
+  files:
+    {type: list, elements: path, default: [], description: "The files of the service (absent ones too); with
+    state=restore, those the kept revision does not know are removed."}
   container: {type: str, default: gpufleet-ray, description: The container whose image ID is recorded.}
   image_name: {type: str, default: "", description: The image reference the inventory names (for the report).}
+  unit: {type: str, default: "", description: "The unit that runs the service (kept with the revision)."}
   model_dir: {type: path, default: "", description: The model directory (empty when the node has none).}
   gate:
     {type: dict, default: {}, description: "What the health gate asks (url, served model), kept as given."}
@@ -44,13 +49,15 @@ EXAMPLES = r"""
 - name: Record the healthy revision
   gpufleet.gpufleet.gpufleet_revision:
     state: record
-    files: [/etc/gpufleet/vllm.yaml, /etc/systemd/system/gpufleet-vllm.service]
+    root: /var/lib/gpufleet/revisions/default
+    files: [/etc/gpufleet/instances/default/vllm.yaml, /etc/systemd/system/gpufleet-vllm@.service]
+    unit: gpufleet-vllm@default.service
     model_dir: /opt/models/Qwen2.5-1.5B-Instruct
 """
 
 RETURN = r"""
 revisions:
-  description: Each slot's summary (id, created, image, model, gate), or null.
+  description: Each slot's summary (id, created, image, model, gate, unit), or null.
   returned: always
   type: dict
 restored:
@@ -148,7 +155,7 @@ def read(root: str, slot: str) -> dict[str, Any] | None:
 def summary(record: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if record is None:
         return None
-    keys = ("id", "fleet", "created", "image_name", "image_id", "model", "gate")
+    keys = ("id", "fleet", "created", "image_name", "image_id", "model", "gate", "unit")
     return {key: record.get(key) for key in keys}
 
 
@@ -256,6 +263,7 @@ def record(module: AnsibleModule) -> dict[str, Any]:
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         image_name=params["image_name"],
         gate=params["gate"],
+        unit=params["unit"],
     )
     write_record(staging, now)
     if current is not None:  # everything is built: rotate by renames (current -> previous, new -> current)
@@ -283,6 +291,17 @@ def tag(cli: str, image_id: str, slot: str) -> None:
         raise RevisionError(f"docker tag {image_id} {IMAGE_TAG}:{slot}: {done.stderr.strip()}")
 
 
+def wanted_files(
+    kept: Mapping[str, Any], current: Mapping[str, Any] | None, layout: list[str]
+) -> dict[str, Any]:
+    """Each file's state the kept revision wants: its own files, and absent for every file the current
+    revision or the role's layout (``files``) has that the kept revision does not know."""
+    wanted = dict(kept["files"])
+    for path in [*(current or {}).get("files", {}), *layout]:
+        wanted.setdefault(path, None)
+    return wanted
+
+
 def restore(module: AnsibleModule) -> dict[str, Any]:
     params, root, slot = module.params, module.params["root"], module.params["slot"]
     kept = read(root, slot)
@@ -307,11 +326,12 @@ def restore(module: AnsibleModule) -> dict[str, Any]:
             f"and the kept copy {model['keep']} is gone. Nothing was changed. Fix: fetch that commit again "
             "(gpufleet deploy --stages artifacts with the bundle that brought it)."
         )
-    changes = [path for path, state in kept["files"].items() if file_state(path) != state]
+    wanted = wanted_files(kept, read(root, "current"), params["files"])
+    changes = [path for path, state in wanted.items() if file_state(path) != state]
     lost = [
         path
         for path in changes
-        if kept["files"][path] is not None
+        if wanted[path] is not None
         and file_state(os.path.join(root, slot, "files", path.lstrip("/"))) is None
     ]
     if lost:
@@ -319,7 +339,7 @@ def restore(module: AnsibleModule) -> dict[str, Any]:
             f"the {slot} revision in {root} lacks its copy of {', '.join(lost)}. Nothing was changed. "
             "Fix: deploy the wanted settings again (gpufleet deploy)."
         )
-    restored = [f"{path} ({'removed' if kept['files'][path] is None else 'restored'})" for path in changes]
+    restored = [f"{path} ({'removed' if wanted[path] is None else 'restored'})" for path in changes]
     if model_back:
         restored.append(f"{model['dir']} (model at {model['revision'][:12] or 'its kept files'})")
     if module.check_mode or not restored:
@@ -334,7 +354,7 @@ def restore(module: AnsibleModule) -> dict[str, Any]:
         os.replace(incoming, model["dir"])
         shutil.rmtree(outgoing, ignore_errors=True)
     for path in changes:
-        state = kept["files"][path]
+        state = wanted[path]
         if state is None:
             os.unlink(path)
         else:
@@ -366,6 +386,7 @@ def main() -> None:
             "files": {"type": "list", "elements": "path", "default": []},
             "container": {"type": "str", "default": "gpufleet-ray"},
             "image_name": {"type": "str", "default": ""},
+            "unit": {"type": "str", "default": ""},
             "model_dir": {"type": "path", "default": ""},
             "gate": {"type": "dict", "default": {}},
             "fleet": {"type": "str", "default": ""},

@@ -39,7 +39,7 @@ EXAMPLES = r"""
     url: http://10.0.0.11:8000
     api_key: "{{ __vllm_service_api_key }}"
     served_model: tiny
-    unit: gpufleet-vllm.service
+    unit: gpufleet-vllm@default.service
 """
 
 RETURN = r"""

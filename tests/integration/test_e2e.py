@@ -37,6 +37,14 @@ import pytest
 import yaml
 from cancel_support import CANCEL_SECONDS, Canceled, cancel_mid_artifacts, cgroups_available, images_on
 from conftest import REPO, VENV_BIN, RunningLab, ansible_env, installed_env, run_installed
+from migration_support import (
+    INSTANCE_FILES,
+    LEGACY_FILES,
+    LEGACY_UNIT,
+    present,
+    previous_release,
+    serve_with,
+)
 from tests.monitoring_assets import ALERT_NAMES, dashboards, metric_names, panel_queries, render_rules
 
 from gpufleet.lab.demo import api_key_file, chat, lab_plan, route_to_bridge
@@ -46,6 +54,8 @@ from gpufleet.runner import STAGES, DeployReport, deploy, status, teardown
 from gpufleet.vllm_log import compare
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.timeout(3600)]
+
+VLLM_UNIT = "gpufleet-vllm@default.service"  # today's one service: instance `default`
 
 
 @dataclass(frozen=True)
@@ -339,7 +349,7 @@ def test_the_executor_auto_chose_ray_for_an_image_with_ray(lab: RunningLab, depl
     vLLM unit says so, and Ray (not an idle container) runs on every node."""
     assert deployment.first.ok
     head = lab.hosts[0]
-    unit = lab.ssh(head, ["systemctl", "show", "--property=Description", "--value", "gpufleet-vllm.service"])
+    unit = lab.ssh(head, ["systemctl", "show", "--property=Description", "--value", VLLM_UNIT])
     # TP 1: vLLM runs its own in-process executor in the Ray head's container (no Ray worker for one device)
     assert "uni executor) in container gpufleet-ray with Ray" in unit.stdout, unit.stdout
     for host in lab.hosts:
@@ -580,7 +590,7 @@ def test_a_killed_server_leaves_no_orphan_and_the_restarted_one_is_alone(
     stops what the dead server left (EngineCore, workers); afterwards the service's tree is the only vLLM in
     the container, its control script reports no orphans, and the endpoint answers again."""
     head = lab.inventory.hosts[0]
-    ctl = "/usr/local/libexec/gpufleet-vllm"
+    ctl = "/etc/gpufleet/instances/default/ctl"
     before = json.loads(lab.ssh(head.name, [ctl, "procs"]).stdout)
     assert before["unit_active"] and before["service"] and before["orphans"] == [], before
     # The server in the container runs /opt/vllm/bin/vllm; the unit's `docker exec ... gpufleet-ray vllm`
@@ -617,7 +627,7 @@ BROKEN = IMAGE + BROKEN_SUFFIX
 
 
 def kept_revision(lab: RunningLab, host: str, slot: str) -> dict[str, Any] | None:
-    read = lab.ssh(host, ["cat", f"/var/lib/gpufleet/revisions/{slot}/revision.json"])
+    read = lab.ssh(host, ["cat", f"/var/lib/gpufleet/revisions/default/{slot}/revision.json"])
     return json.loads(read.stdout) if read.returncode == 0 else None
 
 
@@ -716,6 +726,99 @@ def test_gpufleet_rollback_brings_the_previous_revision_back(
     # rolling back again would return to where it was
     assert current is not None and current["image_id"] == upgrade_images[IMAGE]
     assert previous is not None and previous["image_id"] == upgrade_images[UPGRADE]
+
+
+# ----- the release before instances (issue 34 step 1): a fleet it served is migrated by this release's deploy
+# (migration_support.py: that release's tree from git history, its serve and verify stages on this lab). Here,
+# after the upgrades: a rollback to the revision it kept then leaves its layout for the teardown below (which
+# stops its unit too) and for the image without Ray at the end (whose serve stage migrates it once more).
+
+
+@dataclass(frozen=True)
+class Migration:
+    before: dict[str, Any]  # the revision the release before recorded on the head (its layout, no unit named)
+    report: DeployReport  # this release's deploy over it
+    again: DeployReport  # and the one after
+
+
+@pytest.fixture(scope="module")
+def migration(
+    lab: RunningLab,
+    deployment: Deployment,
+    installed_gpufleet: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Migration:
+    tree = previous_release(REPO, tmp_path_factory.mktemp("previous-release"))
+    serve_with(tree, lab, deployment.inventory, deployment.bundle)
+    head = lab.hosts[0]
+    assert lab.ssh(head, ["systemctl", "is-active", LEGACY_UNIT]).stdout.strip() == "active"
+    assert present(lab, head, LEGACY_FILES) == list(LEGACY_FILES)
+    read = lab.ssh(head, ["cat", "/var/lib/gpufleet/revisions/current/revision.json"])
+    assert read.returncode == 0, read.stderr
+    elsewhere = tmp_path_factory.mktemp("migrate")
+    report = deploy_from_wheel(installed_gpufleet, deployment.inventory, deployment.bundle, elsewhere)
+    again = deploy_from_wheel(installed_gpufleet, deployment.inventory, deployment.bundle, elsewhere)
+    print(f"migration: {report.seconds:.0f} s, downtime {report.downtime}; again {again.seconds:.0f} s")
+    return Migration(json.loads(read.stdout), report, again)
+
+
+def test_a_deploy_migrates_the_release_before_instances_with_one_restart(
+    lab: RunningLab, deployment: Deployment, migration: Migration
+) -> None:
+    report = migration.report
+    assert report.ok, failures(report)
+    changed = {stage.name: {h.host: h.changed for h in stage.hosts if h.changed} for stage in report.stages}
+    # serve: the instance's files, the old unit stopped, its files, stamp and revisions moved (every node:
+    # each keeps revisions); verify: the revision recorded. Every other role changes nothing.
+    assert {name for name, hosts in changed.items() if hosts} == {"serve", "verify"}, changed
+    assert set(changed["serve"]) == set(lab.hosts), changed
+    downtime = report.downtime
+    assert downtime is not None and downtime.answered_before and downtime.answers_after, downtime
+    assert downtime.outages == 1, downtime  # one restart
+    head = lab.hosts[0]
+    assert lab.ssh(head, ["systemctl", "is-active", VLLM_UNIT]).stdout.strip() == "active"
+    assert lab.ssh(head, ["systemctl", "is-enabled", VLLM_UNIT]).stdout.strip() == "enabled"
+    assert present(lab, head, INSTANCE_FILES) == list(INSTANCE_FILES)
+    for host in lab.hosts:
+        assert present(lab, host, LEGACY_FILES) == [], host
+        top = present(
+            lab, host, tuple(f"/var/lib/gpufleet/revisions/{slot}" for slot in ("current", "previous"))
+        )
+        assert top == [], (host, top)
+        current, previous = kept_revision(lab, host, "current"), kept_revision(lab, host, "previous")
+        assert current is not None and current["unit"] == VLLM_UNIT, (host, current)
+        assert previous is not None and "unit" not in previous, (host, previous)  # the one kept before
+    kept = kept_revision(lab, head, "previous") or {}
+    assert (kept.get("fleet"), kept.get("files")) == (migration.before["fleet"], migration.before["files"])
+    assert answers(lab, deployment)
+
+
+def test_the_deploy_after_the_migration_changes_nothing(migration: Migration) -> None:
+    again = migration.again
+    assert again.ok, failures(again)
+    assert {f"{s.name}/{h.host}": h.changed for s in again.stages for h in s.hosts if h.changed} == {}
+
+
+def test_a_rollback_to_the_revision_kept_before_the_migration_puts_that_release_back_whole(
+    lab: RunningLab, deployment: Deployment, migration: Migration, installed_gpufleet: Path, tmp_path: Path
+) -> None:
+    run = run_installed(installed_gpufleet, "rollback", "-i", str(deployment.inventory), "--json",
+                        cwd=tmp_path, timeout=1200)  # fmt: skip
+    assert run.stdout.strip(), f"gpufleet rollback printed no report (exit {run.returncode}): {run.stderr}"
+    report = DeployReport.model_validate_json(run.stdout)
+
+    print(f"rollback across the migration: {report.seconds:.0f} s, downtime {report.downtime}")
+    assert run.returncode == 0 and report.ok, failures(report)
+    head = lab.hosts[0]
+    assert lab.ssh(head, ["systemctl", "is-active", LEGACY_UNIT]).stdout.strip() == "active"
+    assert lab.ssh(head, ["systemctl", "is-enabled", LEGACY_UNIT]).stdout.strip() == "enabled"
+    assert lab.ssh(head, ["systemctl", "is-active", VLLM_UNIT]).stdout.strip() != "active"
+    for host in lab.hosts:
+        assert present(lab, host, INSTANCE_FILES) == [], host  # not beside the release before: instead of it
+    assert present(lab, head, LEGACY_FILES) == list(LEGACY_FILES)
+    assert answers(lab, deployment)
+    current = kept_revision(lab, head, "current")
+    assert current is not None and current["unit"] == LEGACY_UNIT, current  # rolling back again returns
 
 
 def test_status_reports_a_stopped_service_without_failing(lab: RunningLab, deployment: Deployment) -> None:
@@ -864,9 +967,7 @@ def test_an_image_without_ray_serves_with_the_mp_executor_and_ray_is_refused(
     for stage in ("cluster.yml", "serve.yml"):
         run = playbook(inventory, stage, "-e", f"ray_cluster_image={NO_RAY}")
         assert run.returncode == 0, run.stdout[-4000:]
-    unit = lab.ssh(
-        head.name, ["systemctl", "show", "--property=Description", "--value", "gpufleet-vllm.service"]
-    )
+    unit = lab.ssh(head.name, ["systemctl", "show", "--property=Description", "--value", VLLM_UNIT])
     assert "mp executor, rank 0" in unit.stdout, unit.stdout
     container = lab.ssh(head.name, ["systemctl", "cat", "gpufleet-ray.service"]).stdout
     assert "--entrypoint=sleep" in container, container

@@ -208,3 +208,33 @@ def test_read_gives_the_fingerprint_of_what_runs(node: Node) -> None:
     node.files[1].write_text("max-model-len: 8192\n")
 
     assert node.module(state="read")["fingerprint"] not in ("", before)
+
+
+def test_a_revision_of_another_file_layout_is_restored_whole(node: Node) -> None:
+    """Issue 34 step 1: a revision kept before vLLM instances lists that release's files only; restoring it
+    removes the files the current revision (or the role's layout) has and it does not know, so the two
+    layouts never run side by side (two units enabled for one service)."""
+    old_files = [str(path) for path in node.files]
+    node.module(state="record", files=old_files)  # the release before: its own file list, no unit recorded
+    instance = node.etc / "instances" / "default"
+    instance.mkdir(parents=True)
+    new_files = [str(node.files[0]), str(instance / "vllm.yaml"), str(node.etc / "vllm@.service")]
+    node.files[1].rename(instance / "vllm.yaml")  # the migration: the config moves, a template unit appears
+    (node.etc / "vllm@.service").write_text("[Unit]\n")
+    (node.etc / "vllm.extra").write_text("a file of the layout no revision recorded yet\n")
+    migrated = node.module(state="record", files=new_files, unit="vllm@default.service", fleet="f2")
+    assert migrated["revisions"]["current"]["unit"] == "vllm@default.service"
+    assert not migrated["revisions"]["previous"]["unit"]
+
+    restored = node.module(state="restore", slot="previous", files=[*new_files, str(node.etc / "vllm.extra")])
+
+    assert sorted(restored["restored"]) == sorted(
+        [
+            f"{node.files[1]} (restored)",
+            f"{instance / 'vllm.yaml'} (removed)",
+            f"{node.etc / 'vllm@.service'} (removed)",
+            f"{node.etc / 'vllm.extra'} (removed)",
+        ]
+    )
+    assert node.files[1].read_text() == "max-model-len: 4096\n"
+    assert not (instance / "vllm.yaml").exists() and not (node.etc / "vllm@.service").exists()

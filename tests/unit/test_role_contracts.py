@@ -282,7 +282,7 @@ def test_the_unit_check_sees_every_unit_template() -> None:
         for _, _, args in template_tasks(role)
         if str(args["src"]).removesuffix(".j2").endswith(UNIT_SUFFIXES) or "{{ item }}" in str(args["src"])
     }
-    assert {"nvidia-persistenced.service.j2", "ray.service.j2", "vllm.service.j2", "{{ item }}.j2"} <= units
+    assert {"nvidia-persistenced.service.j2", "ray.service.j2", "vllm@.service.j2", "{{ item }}.j2"} <= units
 
 
 @pytest.mark.parametrize("role", ROLES)

@@ -56,6 +56,11 @@ WRONG: list[tuple[str, Any, str]] = [
     ("vllm_service_log_lines", 0, "at least 1"),
     ("model_fetch_lfs_concurrency", 0, "at least 1"),
     ("vllm_pd_tensor_parallel_size", 0, "at least 1"),
+    # a name on the node (a directory, a unit instance) that could leave its directory or is not a unit name
+    ("vllm_service_instance_id", "../etc", "1-32 lowercase letters, digits and '-'"),
+    ("vllm_service_instance_id", "Big", "1-32 lowercase letters, digits and '-'"),
+    ("vllm_service_instance_id", "a" * 33, "1-32 lowercase letters, digits and '-'"),
+    ("vllm_service_instance_id", "", "1-32 lowercase letters, digits and '-'"),
 ]
 
 # Values the roles take: never refused.
@@ -70,6 +75,7 @@ RIGHT: list[tuple[str, Any]] = [
     ("docker_service_restart_sec", 0),
     ("ray_cluster_num_gpus", 0),
     ("image_distribution_chain_min_bytes", 0),
+    ("vllm_service_instance_id", "qwen-7b-2"),
 ]
 
 

@@ -19,7 +19,7 @@ from .conftest import REPO
 
 ROLE = REPO / "roles" / "vllm_service"
 KEY = "Zk3" * 21 + "q"  # 64 characters, as tasks/api_key.yml generates
-ENV_FILE = "/etc/gpufleet/vllm.env"  # where the key lives on the node (vars/main.yml, written 0600)
+ENV_FILE = "/etc/gpufleet/instances/default/vllm.env"  # where the key lives on the node (vars/main.yml, 0600)
 
 
 def trusted(value: Any) -> Any:
@@ -114,9 +114,66 @@ def test_the_env_file_the_role_writes_is_the_one_the_script_reads(role: Role) ->
     assert role.value("{{ __vllm_service_env_file }}") == ENV_FILE
 
 
-@pytest.mark.parametrize("template", ["vllm.yaml.j2", "gpufleet-vllm.sh.j2", "vllm.service.j2"])
+@pytest.mark.parametrize(
+    "template", ["vllm.yaml.j2", "gpufleet-vllm.sh.j2", "vllm@.service.j2", "vllm-instance.conf.j2"]
+)
 def test_the_key_is_nowhere_else(role: Role, template: str) -> None:
     text = role.render(template, vllm_service_extra_args=["--uvicorn-log-level", "warning"])
 
     assert KEY not in text
     assert "api-key" not in text.replace("The API key", "")
+
+
+# Issue 34 step 1: every vLLM instance has an id, and everything of it is named by it.
+@pytest.mark.parametrize("instance", ["default", "qwen-7b"])
+def test_everything_of_an_instance_is_named_by_its_id(role: Role, instance: str) -> None:
+    def value(expression: str) -> Any:
+        return role.value(expression, vllm_service_instance_id=instance)
+
+    assert value("{{ __vllm_service_config_file }}") == f"/etc/gpufleet/instances/{instance}/vllm.yaml"
+    assert value("{{ __vllm_service_env_file }}") == f"/etc/gpufleet/instances/{instance}/vllm.env"
+    assert value("{{ __vllm_service_ctl }}") == f"/etc/gpufleet/instances/{instance}/ctl"
+    assert value("{{ __vllm_service_unit }}") == f"gpufleet-vllm@{instance}.service"
+    assert value("{{ __vllm_service_template_file }}") == "/etc/systemd/system/gpufleet-vllm@.service"
+    assert value("{{ __vllm_service_dropin_file }}") == (
+        f"/etc/systemd/system/gpufleet-vllm@{instance}.service.d/gpufleet.conf"
+    )
+    assert value("{{ __vllm_service_stamp }}") == f"vllm_service@{instance}"
+    assert value("{{ __vllm_service_revision_root }}") == f"/var/lib/gpufleet/revisions/{instance}"
+    script = role.render("gpufleet-vllm.sh.j2", vllm_service_instance_id=instance)
+    assert f"UNIT=gpufleet-vllm@{instance}.service\n" in script
+    assert f"MARK=GPUFLEET_VLLM_SERVICE=gpufleet-vllm@{instance}\n" in script
+    assert f"--config /etc/gpufleet/instances/{instance}/vllm.yaml" in start_command(script)
+
+
+def test_only_the_default_instance_takes_over_the_files_of_the_release_before_instances(role: Role) -> None:
+    legacy = [
+        "/etc/gpufleet/vllm.yaml",
+        "/etc/gpufleet/vllm.env",
+        "/usr/local/libexec/gpufleet-vllm",
+        "/etc/systemd/system/gpufleet-vllm.service",
+    ]
+    files = role.value("{{ __vllm_service_revision_files }}")
+    assert (
+        files[-4:] == legacy
+    )  # a revision records them (absent), so a rollback across the migration is whole
+    assert role.value("{{ __vllm_service_legacy_files }}", vllm_service_instance_id="other") == []
+    assert not set(legacy) & set(
+        role.value("{{ __vllm_service_revision_files }}", vllm_service_instance_id="other")
+    )
+
+
+def test_the_template_unit_runs_each_instance_from_its_own_directory(role: Role) -> None:
+    unit = role.render("vllm@.service.j2")
+    assert "ExecStart=/etc/gpufleet/instances/%i/ctl start\n" in unit
+    assert "ExecStopPost=/etc/gpufleet/instances/%i/ctl stop\n" in unit
+    dropin = role.render("vllm-instance.conf.j2", vllm_service_restart_sec=7)
+    assert "Requires=gpufleet-ray.service\n" in dropin
+    assert "PartOf=gpufleet-ray.service\n" in dropin
+    assert "RestartSec=7\n" in dropin
+
+
+@pytest.mark.parametrize("instance", ["../etc", "Default", "a b", ""])
+def test_an_id_that_could_leave_its_directory_is_never_used(role: Role, instance: str) -> None:
+    with pytest.raises(Exception, match="vllm_service_instance_id: found"):
+        role.value("{{ __vllm_service_config_dir }}", vllm_service_instance_id=instance)

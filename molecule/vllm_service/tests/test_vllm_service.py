@@ -50,14 +50,15 @@ def test_key_file_is_private_and_long(host, key: str) -> None:
 
 
 def test_vllm_unit_is_running_and_enabled(host) -> None:
-    unit = host.service("gpufleet-vllm")
+    unit = host.service("gpufleet-vllm@default")
     assert unit.is_running
     assert unit.is_enabled
 
 
 def test_vllm_unit_was_verified_by_systemd(host) -> None:
-    """The unit was written through validate: (systemd-analyze verify); it verifies on the host as written."""
-    assert host.run("systemd-analyze verify /etc/systemd/system/gpufleet-vllm.service").rc == 0
+    """The template unit was written through validate: (systemd-analyze verify, as instance default); the
+    instance verifies on the host as written, its drop-in included."""
+    assert host.run("systemd-analyze verify gpufleet-vllm@default.service").rc == 0
 
 
 def test_the_api_listens_on_the_cluster_address_only(host) -> None:
@@ -93,12 +94,12 @@ def test_chat_completion_is_deterministic_at_temperature_zero(host, key: str) ->
 def test_key_appears_in_no_log_or_world_readable_file(host, key: str) -> None:
     journal = host.run("journalctl --no-pager -o cat").stdout
     assert key not in journal
-    assert key not in host.file("/etc/gpufleet/vllm.yaml").content_string
-    env_file = host.file("/etc/gpufleet/vllm.env")
+    assert key not in host.file("/etc/gpufleet/instances/default/vllm.yaml").content_string
+    env_file = host.file("/etc/gpufleet/instances/default/vllm.env")
     assert env_file.mode == 0o600 and env_file.user == "root"
 
 
 def test_config_file_has_the_lab_settings(host) -> None:
-    config = host.file("/etc/gpufleet/vllm.yaml").content_string
+    config = host.file("/etc/gpufleet/instances/default/vllm.yaml").content_string
     for line in ("served-model-name: tiny", "max-model-len: 512", "block-size: 32", "enforce-eager: true"):
         assert line in config.splitlines()

@@ -64,6 +64,13 @@ RANGES: tuple[tuple[str, Range], ...] = (
     (r"vllm_service_(max_model_len|max_num_batched_tokens)", Range(1, None, "tokens")),
     (r"vllm_service_max_num_seqs", Range(1, None, "sequences")),
 )
+# Strings that name things on the node (a directory, a systemd unit instance): the whole value must match.
+PATTERNS: Mapping[str, tuple[str, str]] = {
+    "vllm_service_instance_id": (
+        r"[a-z0-9][a-z0-9-]{0,31}",
+        "1-32 lowercase letters, digits and '-', starting with a letter or digit",
+    ),
+}
 KINDS = {
     "int": "an integer",
     "float": "a number",
@@ -148,8 +155,11 @@ def check_values(host: RawHost, options: Mapping[str, Option]) -> Iterator[Probl
         if result.error_messages:
             yield _problem(host, option, value, expected, _reason(result.error_messages[0]))
             continue
-        limits = range_for(name)
         checked = result.validated_parameters.get(name)
+        if name in PATTERNS and not re.fullmatch(PATTERNS[name][0], str(checked)):
+            yield _problem(host, option, value, PATTERNS[name][1], "names a directory and a unit on the node")
+            continue
+        limits = range_for(name)
         if limits is not None and isinstance(checked, int | float) and not limits.holds(checked):
             yield _problem(host, option, value, limits.describe(KINDS[option.kind]), "out of range")
 
