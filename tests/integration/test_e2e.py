@@ -631,6 +631,12 @@ def kept_revision(lab: RunningLab, host: str, slot: str) -> dict[str, Any] | Non
     return json.loads(read.stdout) if read.returncode == 0 else None
 
 
+def ray_started(lab: RunningLab) -> dict[str, str]:
+    """When each host's Ray container unit last became active (changes with every restart of it)."""
+    ask = ["systemctl", "show", "--property=ActiveEnterTimestampMonotonic", "--value", "gpufleet-ray.service"]
+    return {host: lab.ssh(host, ask).stdout.strip() for host in lab.hosts}
+
+
 @pytest.fixture(scope="module")
 def upgrade_images(lab: RunningLab, deployment: Deployment) -> dict[str, str]:
     ids = make_images(lab.lab, IMAGE)
@@ -708,12 +714,16 @@ def test_gpufleet_rollback_brings_the_previous_revision_back(
     installed_gpufleet: Path,
     tmp_path: Path,
 ) -> None:
+    ray_before = ray_started(lab)
     run = run_installed(installed_gpufleet, "rollback", "-i", str(deployment.inventory), "--json",
                         cwd=tmp_path, timeout=1200)  # fmt: skip
     assert run.stdout.strip(), f"gpufleet rollback printed no report (exit {run.returncode}): {run.stderr}"
     report = DeployReport.model_validate_json(run.stdout)
 
     print(f"rollback: {report.seconds:.0f} s, downtime {report.downtime}")
+    ray_after = ray_started(lab)
+    # the image changed: Ray restarted too, on every node
+    assert all(ray_after[host] != ray_before[host] for host in lab.hosts), (ray_before, ray_after)
     assert run.returncode == 0 and report.ok, failures(report)
     back = report.rollback
     assert back is not None and back.slot == "previous" and back.revision is not None
@@ -802,6 +812,7 @@ def test_the_deploy_after_the_migration_changes_nothing(migration: Migration) ->
 def test_a_rollback_to_the_revision_kept_before_the_migration_puts_that_release_back_whole(
     lab: RunningLab, deployment: Deployment, migration: Migration, installed_gpufleet: Path, tmp_path: Path
 ) -> None:
+    ray_before = ray_started(lab)
     run = run_installed(installed_gpufleet, "rollback", "-i", str(deployment.inventory), "--json",
                         cwd=tmp_path, timeout=1200)  # fmt: skip
     assert run.stdout.strip(), f"gpufleet rollback printed no report (exit {run.returncode}): {run.stderr}"
@@ -809,6 +820,8 @@ def test_a_rollback_to_the_revision_kept_before_the_migration_puts_that_release_
 
     print(f"rollback across the migration: {report.seconds:.0f} s, downtime {report.downtime}")
     assert run.returncode == 0 and report.ok, failures(report)
+    assert report.rollback is not None and report.rollback.restarted
+    assert ray_started(lab) == ray_before  # vLLM's files alone came back: vLLM restarted, Ray kept running
     head = lab.hosts[0]
     assert lab.ssh(head, ["systemctl", "is-active", LEGACY_UNIT]).stdout.strip() == "active"
     assert lab.ssh(head, ["systemctl", "is-enabled", LEGACY_UNIT]).stdout.strip() == "enabled"

@@ -16,8 +16,9 @@ def register(subparsers: Any) -> None:
         "rollback",
         help="restore the revision before the last healthy change (image, model, config, units) and check it",
         description=(
-            "Runs playbooks/rollback.yml: every node puts its kept revision back, Ray and vLLM restart "
-            "when anything changed, and the restored revision must list its model and answer a "
+            "Runs playbooks/rollback.yml: every node puts its kept revision back, vLLM restarts when "
+            "anything changed (Ray too when its own files or the image changed), and the restored revision "
+            "must list its model and answer a "
             "completion; the downtime is measured. Rolling back twice returns to where you were. "
             "Exit 0 restored and serving, 1 it failed (the message says why), 2 usage error."
         ),
