@@ -96,6 +96,15 @@ def deploy_from_wheel(installed: Path, inventory: Path, bundle: Path, cwd: Path,
     return DeployReport.model_validate_json(run.stdout)
 
 
+def rollback_from_wheel(
+    installed: Path, inventory: Path, cwd: Path
+) -> tuple[subprocess.CompletedProcess[str], DeployReport]:
+    """`gpufleet rollback --json` (previous) of the installed wheel; the run and its report, parsed."""
+    run = run_installed(installed, "rollback", "-i", str(inventory), "--json", cwd=cwd, timeout=1200)
+    assert run.stdout.strip(), f"gpufleet rollback printed no report (exit {run.returncode}): {run.stderr}"
+    return run, DeployReport.model_validate_json(run.stdout)
+
+
 @pytest.fixture(scope="module")
 def deployment(
     lab: RunningLab, lab_bundle: Path, installed_gpufleet: Path, tmp_path_factory: pytest.TempPathFactory
@@ -715,10 +724,7 @@ def test_gpufleet_rollback_brings_the_previous_revision_back(
     tmp_path: Path,
 ) -> None:
     ray_before = ray_started(lab)
-    run = run_installed(installed_gpufleet, "rollback", "-i", str(deployment.inventory), "--json",
-                        cwd=tmp_path, timeout=1200)  # fmt: skip
-    assert run.stdout.strip(), f"gpufleet rollback printed no report (exit {run.returncode}): {run.stderr}"
-    report = DeployReport.model_validate_json(run.stdout)
+    run, report = rollback_from_wheel(installed_gpufleet, deployment.inventory, tmp_path)
 
     print(f"rollback: {report.seconds:.0f} s, downtime {report.downtime}")
     ray_after = ray_started(lab)
@@ -813,10 +819,7 @@ def test_a_rollback_to_the_revision_kept_before_the_migration_puts_that_release_
     lab: RunningLab, deployment: Deployment, migration: Migration, installed_gpufleet: Path, tmp_path: Path
 ) -> None:
     ray_before = ray_started(lab)
-    run = run_installed(installed_gpufleet, "rollback", "-i", str(deployment.inventory), "--json",
-                        cwd=tmp_path, timeout=1200)  # fmt: skip
-    assert run.stdout.strip(), f"gpufleet rollback printed no report (exit {run.returncode}): {run.stderr}"
-    report = DeployReport.model_validate_json(run.stdout)
+    run, report = rollback_from_wheel(installed_gpufleet, deployment.inventory, tmp_path)
 
     print(f"rollback across the migration: {report.seconds:.0f} s, downtime {report.downtime}")
     assert run.returncode == 0 and report.ok, failures(report)
