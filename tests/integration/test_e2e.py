@@ -746,8 +746,8 @@ def test_gpufleet_rollback_brings_the_previous_revision_back(
 
 # ----- the release before instances (issue 34 step 1): a fleet it served is migrated by this release's deploy
 # (migration_support.py: that release's tree from git history, its serve and verify stages on this lab). Here,
-# after the upgrades: a rollback to the revision it kept then leaves its layout for the teardown below (which
-# stops its unit too) and for the image without Ray at the end (whose serve stage migrates it once more).
+# after the upgrades: a rollback to the revision it kept then, and a deploy that migrates again, so that the
+# teardown below stops this release's instance.
 
 
 @dataclass(frozen=True)
@@ -837,9 +837,24 @@ def test_a_rollback_to_the_revision_kept_before_the_migration_puts_that_release_
     assert current is not None and current["unit"] == LEGACY_UNIT, current  # rolling back again returns
 
 
+def test_the_deploy_after_that_rollback_migrates_again(
+    lab: RunningLab, deployment: Deployment, installed_gpufleet: Path, tmp_path: Path
+) -> None:
+    """...and leaves this release's instance for the teardown below (which stops every instance)."""
+    report = deploy_from_wheel(installed_gpufleet, deployment.inventory, deployment.bundle, tmp_path)
+
+    assert report.ok, failures(report)
+    head = lab.hosts[0]
+    assert lab.ssh(head, ["systemctl", "is-active", VLLM_UNIT]).stdout.strip() == "active"
+    assert present(lab, head, LEGACY_FILES) == []
+    assert answers(lab, deployment)
+
+
 def test_status_reports_a_stopped_service_without_failing(lab: RunningLab, deployment: Deployment) -> None:
     stopped = teardown(deployment.inventory)
-    assert stopped.ok, failures(stopped)
+    assert stopped.ok, stopped.model_dump_json()[-6000:]  # the whole report: a loop's items say why
+    head = lab.hosts[0]
+    assert lab.ssh(head, ["systemctl", "is-enabled", VLLM_UNIT]).stdout.strip() == "disabled"
     for host in lab.hosts:  # teardown stops the monitoring units too
         units = ["gpufleet-prometheus", "gpufleet-node-exporter", "gpufleet-grafana"]
         states = lab.ssh(host, ["systemctl", "is-active", *units])

@@ -1,0 +1,72 @@
+"""playbooks/teardown.yml stops every vLLM instance unit (gpufleet-vllm@<id>), and only stops (never disables)
+one whose file is gone: its loop and conditions, evaluated by Ansible's own templating on a node's
+service_facts. (The lab's teardown test runs after a rollback to the layout before instances, where no
+instance unit runs: an instance pattern that matched nothing passed it.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar, trust_as_template
+
+from .conftest import REPO
+
+SERVICES = {
+    "gpufleet-vllm@default.service": {"state": "running", "status": "active"},
+    "gpufleet-vllm@qwen-7b.service": {"state": "stopped", "status": "failed"},
+    "gpufleet-vllm.service": {"state": "stopped", "status": "disabled"},
+    "gpufleet-vllm-pd.service": {"state": "stopped", "status": "disabled"},
+    "ssh.service": {"state": "running", "status": "enabled"},
+}
+
+
+def stop_task() -> dict[str, Any]:
+    (play, *_) = yaml.safe_load((REPO / "playbooks" / "teardown.yml").read_text(encoding="utf-8"))
+    (task,) = [t for t in play["tasks"] if "every vLLM instance" in t.get("name", "")]
+    return dict(task)
+
+
+def evaluate(expression: str, template_exists: bool, **more: Any) -> Any:
+    variables = {
+        "ansible_facts": {"services": SERVICES},
+        "__teardown_vllm_template": {"stat": {"exists": template_exists}},
+        **more,
+    }
+    task = stop_task()
+    for name, value in task.get("vars", {}).items():
+        variables[name] = trust_as_template(value)
+    templar = Templar(loader=DataLoader(), variables=variables)
+    return templar.template(trust_as_template(expression))
+
+
+def test_every_instance_unit_is_in_the_loop() -> None:
+    items = evaluate(stop_task()["loop"], template_exists=True)
+
+    assert items == [
+        "gpufleet-pd-proxy.service",
+        "gpufleet-vllm-pd.service",
+        "gpufleet-vllm@default.service",
+        "gpufleet-vllm@qwen-7b.service",
+        "gpufleet-vllm.service",
+    ]
+
+
+def test_an_instance_is_stopped_and_disabled_while_its_template_is_there() -> None:
+    task = stop_task()
+    when = "{{ " + task["when"] + " }}"
+    enabled = task["ansible.builtin.systemd_service"]["enabled"]
+    for unit in ("gpufleet-vllm@default.service", "gpufleet-vllm@qwen-7b.service"):
+        assert evaluate(when, template_exists=True, item=unit) is True
+        assert evaluate(enabled, template_exists=True, item=unit, omit="OMIT") is False
+
+
+def test_an_instance_whose_files_are_gone_is_only_stopped_and_only_while_it_runs() -> None:
+    task = stop_task()
+    when = "{{ " + task["when"] + " }}"
+    enabled = task["ansible.builtin.systemd_service"]["enabled"]
+    assert evaluate(when, template_exists=False, item="gpufleet-vllm@default.service") is True
+    unit = "gpufleet-vllm@default.service"
+    assert evaluate(enabled, template_exists=False, item=unit, omit="OMIT") == "OMIT"
+    assert evaluate(when, template_exists=False, item="gpufleet-vllm@qwen-7b.service") is False
