@@ -46,6 +46,7 @@ from gpufleet.planner.base import (
 )
 from gpufleet.planner.base import config_int as _int
 from gpufleet.planner.base import config_opt_int as _opt_int
+from gpufleet.planner.hf_defaults import with_hf_defaults
 from gpufleet.planner.hybrid import (
     ATTENTION_KINDS,
     STATE_KINDS,
@@ -253,6 +254,7 @@ def parse_arch(config: Mapping[str, Any]) -> ModelArch:
 
     A modelled multimodal model's language model is read from ``text_config`` (or the top level, where
     Qwen2.5-VL keeps it), its vision tower from ``vision_config`` (:mod:`gpufleet.planner.multimodal`)."""
+    config = with_hf_defaults(config)  # the keys transformers' config class fills in
     _refuse_unsupported(config)
     vision = parse_vision(config)
     config = text_config(config)

@@ -51,6 +51,7 @@ from gpufleet.planner.estimates import (
     model_runner,
     non_torch_bytes,
 )
+from gpufleet.planner.hf_defaults import with_hf_defaults
 from gpufleet.planner.kvcache import kv_layout
 from gpufleet.planner.model import (
     Plan,
@@ -90,7 +91,8 @@ def load_model_config(path: Path) -> dict[str, Any]:
 def resolve(request: PlanRequest) -> PlanContext:
     """Resolve the request; raises PlannerInputError for a config or setting the planner cannot use."""
     arch = parse_arch(request.hf_config)
-    config = text_config(request.hf_config)  # a multimodal model's language model
+    # a multimodal model's language model, with the keys transformers' config class fills in
+    config = text_config(with_hf_defaults(request.hf_config))
     dtype = resolve_dtype(request.dtype, config)
     kv_name, kv_bytes = resolve_kv_cache_dtype(request.kv_cache_dtype, dtype)
     gpu = min(request.gpus, key=lambda device: device.memory_gib)

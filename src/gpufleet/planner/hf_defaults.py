@@ -1,0 +1,55 @@
+"""What transformers fills in for keys a published config.json leaves out.
+
+vLLM 0.24 reads config.json through transformers' config classes, so a key the file omits takes the class's
+``__init__`` default (a key present with JSON null stays null, as when it is passed to the class). Gemma 3's
+multimodal checkpoints rely on this: gemma-3-4b/12b/27b-it list only a few ``text_config`` keys (no
+``vocab_size``, ``head_dim``, ``max_position_embeddings``, ...), which ``Gemma3Config`` turns into a
+``Gemma3TextConfig``. The defaults below are those classes' (transformers' ``configuration_gemma3.py``);
+only the keys the planner reads are listed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["with_hf_defaults"]
+
+# transformers' Gemma3TextConfig.__init__ (configuration_gemma3.py).
+GEMMA3_TEXT: Mapping[str, Any] = {
+    "vocab_size": 262_208,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 131_072,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1_000_000.0,
+    "attention_bias": False,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+    "rope_scaling": None,
+    "rope_local_base_freq": 10_000.0,
+    "sliding_window_pattern": 6,
+}
+
+# model_type of a language model's config -> its config class's defaults.
+TEXT_DEFAULTS: Mapping[str, Mapping[str, Any]] = {"gemma3_text": GEMMA3_TEXT}
+# model_type of a multimodal wrapper -> the defaults of the class its text_config becomes, whatever the
+# text_config's own model_type says (Gemma3Config builds a Gemma3TextConfig from the dict).
+WRAPPED_TEXT_DEFAULTS: Mapping[str, Mapping[str, Any]] = {"gemma3": GEMMA3_TEXT}
+
+
+def with_hf_defaults(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``config`` with the keys its language model's config class would fill in; the file's own keys win."""
+    wrapped = WRAPPED_TEXT_DEFAULTS.get(str(config.get("model_type")))
+    if wrapped is not None:
+        inner = config.get("text_config")
+        if inner is None or isinstance(inner, Mapping):
+            return {**config, "text_config": {**wrapped, **(inner or {})}}
+        return config
+    defaults = TEXT_DEFAULTS.get(str(config.get("model_type")))
+    return {**defaults, **config} if defaults is not None else config

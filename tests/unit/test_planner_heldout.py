@@ -1,0 +1,73 @@
+"""Published configs the planner had not seen (issue 38's held-out check), planned as vLLM 0.24 loads them.
+
+vLLM reads config.json through transformers' config classes, so a key the file leaves out takes the class's
+default; Gemma 3's published multimodal configs list only a few ``text_config`` keys (no ``vocab_size``,
+heads, ``head_dim``, ...), and the planner refused them ("vocab_size: found None"). The configs are in
+tests/unit/data/planner_models/ (sources in docs/planner.md); the figures are counted here, not measured.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpufleet.planner import GpuDevice, PlanRequest, plan
+from gpufleet.planner.arch import GIB, parse_arch
+
+MODELS = Path(__file__).resolve().parent / "data" / "planner_models"
+H200 = GpuDevice(name="NVIDIA H200", memory_gib=150_109_880_320 / GIB)
+NO_VISION = {"image": 0, "video": 0}
+# The keys of gemma-3-4b-it's text_config that its published config.json leaves to Gemma3TextConfig
+# (the bundled copy has them written out).
+GEMMA3_DEFAULTED = (
+    "head_dim",
+    "hidden_activation",
+    "max_position_embeddings",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "query_pre_attn_scalar",
+    "rms_norm_eps",
+    "rope_local_base_freq",
+    "rope_theta",
+    "sliding_window_pattern",
+    "vocab_size",
+)
+
+
+def config(model: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads((MODELS / model / "config.json").read_text(encoding="utf-8"))
+    return loaded
+
+
+def planned(hf_config: dict[str, Any], **settings: Any) -> Any:
+    return plan(PlanRequest(hf_config=hf_config, gpus=(H200,), max_model_len=32768, **settings))
+
+
+def test_gemma3_published_text_config_takes_gemma3_text_config_defaults() -> None:
+    explicit = config("gemma-3-4b-it")
+    published = json.loads(json.dumps(explicit))
+    for key in GEMMA3_DEFAULTED:
+        del published["text_config"][key]
+    assert planned(published) == planned(explicit)
+    assert parse_arch(published) == parse_arch(explicit)
+
+
+def test_gemma3_27b_published_config_is_planned() -> None:
+    hf = config("gemma-3-27b-it")
+    arch = parse_arch(hf)
+    assert (arch.vocab_size, arch.num_heads, arch.num_kv_heads, arch.head_dim) == (262_208, 32, 16, 128)
+    assert arch.tie_embeddings
+    # 62 layers, every sixth global, the others 1024-token windows (sliding_window_pattern 6).
+    assert [window is None for window in arch.layer_windows] == [(layer + 1) % 6 == 0 for layer in range(62)]
+    text_only = planned(hf, limit_mm_per_prompt=NO_VISION)
+    assert text_only.errors == []
+    hidden, inter, layers = 5376, 21504, 62
+    layer = hidden * (32 * 128 + 2 * 16 * 128) + 32 * 128 * hidden + 3 * hidden * inter + 4 * hidden + 2 * 128
+    params = 262_208 * hidden + layers * layer + hidden  # tied lm_head, final norm
+    assert text_only.weights_gib_per_gpu == pytest.approx(params * 2 / GIB, rel=0.01)
+    with_images = planned(hf)
+    assert with_images.errors == []
+    assert with_images.vision_tower_gib_per_gpu > 0.7  # SigLIP-400M and the projector
