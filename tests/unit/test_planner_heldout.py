@@ -71,3 +71,26 @@ def test_gemma3_27b_published_config_is_planned() -> None:
     with_images = planned(hf)
     assert with_images.errors == []
     assert with_images.vision_tower_gib_per_gpu > 0.7  # SigLIP-400M and the projector
+
+
+def test_pixtral_12b_vision_config_takes_pixtral_vision_config_defaults() -> None:
+    # mistral-community/pixtral-12b's vision_config leaves the tower's sizes to PixtralVisionConfig; the
+    # planner refused it as "a vision_config without the ViT's sizes".
+    published = config("pixtral-12b")
+    explicit = json.loads(json.dumps(published))
+    explicit["vision_config"].update(
+        {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24, "num_attention_heads": 16}
+    )
+    assert parse_arch(published) == parse_arch(explicit)
+    result = planned(published)
+    assert result == planned(explicit)
+    assert result.errors == []
+    assert any("generic ViT" in warning for warning in result.warnings)
+    text_only = planned(published, limit_mm_per_prompt=NO_VISION)
+    hidden, inter, layers, vocab = 5120, 14336, 40, 131072
+    layer = hidden * (32 * 128 + 2 * 8 * 128) + 32 * 128 * hidden + 3 * hidden * inter + 2 * hidden
+    params = 2 * vocab * hidden + layers * layer + hidden
+    params += 1_024_000 * 128  # the rotary cos/sin cache: max_position_embeddings x head_dim (get_rope)
+    assert text_only.weights_gib_per_gpu == pytest.approx(params * 2 / GIB, rel=0.01)
+    # The tower: 24 blocks of about 12.6 M parameters (q/k/v/o and a two-layer MLP of 4096) in bfloat16.
+    assert result.vision_tower_gib_per_gpu == pytest.approx(24 * 12.6e6 * 2 / GIB, rel=0.15)

@@ -4,8 +4,10 @@ vLLM 0.24 reads config.json through transformers' config classes, so a key the f
 ``__init__`` default (a key present with JSON null stays null, as when it is passed to the class). Gemma 3's
 multimodal checkpoints rely on this: gemma-3-4b/12b/27b-it list only a few ``text_config`` keys (no
 ``vocab_size``, ``head_dim``, ``max_position_embeddings``, ...), which ``Gemma3Config`` turns into a
-``Gemma3TextConfig``. The defaults below are those classes' (transformers' ``configuration_gemma3.py``);
-only the keys the planner reads are listed.
+``Gemma3TextConfig``; Pixtral-12B's Hugging Face-format config (mistral-community/pixtral-12b) gives its
+``vision_config`` no sizes at all, which ``PixtralVisionConfig`` supplies. The defaults below are those
+classes' (transformers' ``configuration_gemma3.py`` and ``configuration_pixtral.py``); only the keys the
+planner reads are listed.
 """
 
 from __future__ import annotations
@@ -36,15 +38,37 @@ GEMMA3_TEXT: Mapping[str, Any] = {
     "sliding_window_pattern": 6,
 }
 
+# transformers' PixtralVisionConfig.__init__ (configuration_pixtral.py).
+PIXTRAL_VISION: Mapping[str, Any] = {
+    "hidden_size": 1024,
+    "intermediate_size": 4096,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 16,
+    "num_channels": 3,
+    "image_size": 1024,
+    "patch_size": 16,
+    "hidden_act": "gelu",
+}
+
 # model_type of a language model's config -> its config class's defaults.
 TEXT_DEFAULTS: Mapping[str, Mapping[str, Any]] = {"gemma3_text": GEMMA3_TEXT}
 # model_type of a multimodal wrapper -> the defaults of the class its text_config becomes, whatever the
 # text_config's own model_type says (Gemma3Config builds a Gemma3TextConfig from the dict).
 WRAPPED_TEXT_DEFAULTS: Mapping[str, Mapping[str, Any]] = {"gemma3": GEMMA3_TEXT}
+# model_type of a vision_config -> its config class's defaults (LlavaConfig, Mistral3Config, ... build the
+# class that model_type names).
+VISION_DEFAULTS: Mapping[str, Mapping[str, Any]] = {"pixtral": PIXTRAL_VISION}
 
 
 def with_hf_defaults(config: Mapping[str, Any]) -> Mapping[str, Any]:
-    """``config`` with the keys its language model's config class would fill in; the file's own keys win."""
+    """``config`` with the keys its config classes would fill in; the file's own keys win."""
+    vision = config.get("vision_config")
+    if isinstance(vision, Mapping) and (defaults := VISION_DEFAULTS.get(str(vision.get("model_type")))):
+        config = {**config, "vision_config": {**defaults, **vision}}
+    return _with_text_defaults(config)
+
+
+def _with_text_defaults(config: Mapping[str, Any]) -> Mapping[str, Any]:
     wrapped = WRAPPED_TEXT_DEFAULTS.get(str(config.get("model_type")))
     if wrapped is not None:
         inner = config.get("text_config")
