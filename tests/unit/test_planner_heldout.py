@@ -94,3 +94,60 @@ def test_pixtral_12b_vision_config_takes_pixtral_vision_config_defaults() -> Non
     assert text_only.weights_gib_per_gpu == pytest.approx(params * 2 / GIB, rel=0.01)
     # The tower: 24 blocks of about 12.6 M parameters (q/k/v/o and a two-layer MLP of 4096) in bfloat16.
     assert result.vision_tower_gib_per_gpu == pytest.approx(24 * 12.6e6 * 2 / GIB, rel=0.15)
+
+
+# Held-out configs (sources in docs/planner.md): tensor-parallel size that fits an H200, and the model card's
+# parameter count in billions (language model, towers and all; vLLM's loaded weights include buffers such as
+# rotary caches, so the band is the 5 %).
+PUBLISHED_PARAMS: dict[str, tuple[int, float]] = {
+    "Nemotron-H-8B-Base-8K": (1, 8.1),
+    "granite-4.0-h-small": (1, 32.2),
+    "Zamba2-7B-original-format": (1, 7.4),
+    "AI21-Jamba-Mini-1.7": (1, 51.6),
+    "Qwen3-Next-80B-A3B-Thinking": (2, 81.3),
+    "Qwen2.5-VL-3B-Instruct": (1, 3.75),
+    "Qwen3-VL-30B-A3B-Instruct": (1, 31.1),
+    "gemma-3-27b-it": (1, 27.4),
+    "pixtral-12b": (1, 12.7),
+    "Llama-4-Maverick-17B-128E-Instruct": (8, 402.0),
+    "InternVL3-8B": (1, 7.94),
+    "Kimi-VL-A3B-Instruct": (1, 16.4),
+    "GLM-4.1V-9B-Thinking": (1, 10.3),
+    "Idefics3-8B-Llama3": (1, 8.46),
+    "llava-onevision-qwen2-7b-ov-hf": (1, 8.03),
+}
+QUANTIZED = (
+    "Meta-Llama-3.1-8B-Instruct-AWQ-INT4",
+    "Meta-Llama-3.1-8B-Instruct-quantized.w4a16",
+    "Qwen2.5-72B-Instruct-AWQ",
+)
+
+
+@pytest.mark.parametrize("model", sorted(PUBLISHED_PARAMS))
+def test_held_out_model_is_planned_near_its_parameter_count(model: str) -> None:
+    tp, billions = PUBLISHED_PARAMS[model]
+    hf = config(model)
+    length = min(32768, int(hf.get("max_position_embeddings") or 32768))
+    result = plan(PlanRequest(hf_config=hf, gpus=(H200,) * tp, tensor_parallel_size=tp, max_model_len=length))
+    assert result.errors == []
+    assert result.kv_cache_tokens > 0
+    dtype_bytes = 2  # every one is a bfloat16 or float16 checkpoint
+    assert result.weights_gib_per_gpu * tp * GIB / dtype_bytes / 1e9 == pytest.approx(billions, rel=0.05)
+
+
+@pytest.mark.parametrize("model", QUANTIZED)
+def test_held_out_quantized_model_is_planned_at_about_four_bits(model: str) -> None:
+    result = planned(config(model))
+    dense = planned({**config(model), "quantization_config": None, "torch_dtype": "bfloat16"})
+    assert result.errors == []
+    # 4-bit weights with group scales; the embeddings, lm_head and norms stay in 16 bits.
+    assert 0.25 < result.weights_gib_per_gpu / dense.weights_gib_per_gpu < 0.4
+
+
+@pytest.mark.xfail(
+    strict=True, reason="Phi4MMForCausalLM's image and audio encoders (embd_layer): not modelled"
+)
+def test_phi4_multimodal_counts_its_towers() -> None:
+    result = planned(config("Phi-4-multimodal-instruct"))
+    # 3.8 B language model + about 0.9 B of vision and audio encoders (5.6 B with the LoRA adapters).
+    assert result.weights_gib_per_gpu * GIB / 2 / 1e9 > 4.5
