@@ -115,6 +115,7 @@ PUBLISHED_PARAMS: dict[str, tuple[int, float]] = {
     "GLM-4.1V-9B-Thinking": (1, 10.3),
     "Idefics3-8B-Llama3": (1, 8.46),
     "llava-onevision-qwen2-7b-ov-hf": (1, 8.03),
+    "Qwen2-VL-7B-Instruct": (1, 8.29),
 }
 QUANTIZED = (
     "Meta-Llama-3.1-8B-Instruct-AWQ-INT4",
@@ -151,3 +152,20 @@ def test_phi4_multimodal_counts_its_towers() -> None:
     result = planned(config("Phi-4-multimodal-instruct"))
     # 3.8 B language model + about 0.9 B of vision and audio encoders (5.6 B with the LoRA adapters).
     assert result.weights_gib_per_gpu * GIB / 2 / 1e9 > 4.5
+
+
+def test_qwen2_vl_generic_tower_is_embed_dim_wide() -> None:
+    # Qwen2VLVisionConfig: embed_dim (1280) is the tower's width and mlp_ratio its MLP's; hidden_size (3584)
+    # is the patch merger's output, the language model's width. Read as the width, it gave a 9.25 GiB tower.
+    hf = config("Qwen2-VL-7B-Instruct")
+    tower = parse_arch(hf).vision
+    assert tower is not None
+    assert (tower.hidden_size, tower.intermediate_size, tower.layers) == (1280, 5120, 32)
+    # qwen2_vl.py: the bias-free Conv3d patch embedding, 32 blocks (two LayerNorms, qkv and proj, fc1 and
+    # fc2 of 5120, all with biases), the merger (LayerNorm, 5120 -> 5120 -> 3584); about 0.68 B parameters.
+    width, inter = 1280, 5120
+    block = 4 * width + (3 * width * width + 3 * width) + (width * width + width)
+    block += (inter * width + inter) + (width * inter + width)
+    merger = 2 * width + (4 * width) ** 2 + 4 * width + 4 * width * 3584 + 3584
+    numel = 3 * 2 * 14 * 14 * width + 32 * block + merger
+    assert planned(hf).vision_tower_gib_per_gpu == pytest.approx(numel * 2 / GIB, rel=0.15)

@@ -80,14 +80,22 @@ def generic_vision(config: Mapping[str, Any], name: str) -> VisionTower | None:
     the language model. The plan says so, with a margin (checks.py). None without the ViT's sizes."""
     vision: Mapping[str, Any] = config["vision_config"]
     text = config.get("text_config") or config.get("llm_config") or config
-    hidden = _positive(vision, "hidden_size") or _positive(vision, "width") or _positive(vision, "embed_dim")
+    # Qwen2VLVisionConfig names the tower's width embed_dim and its MLP's mlp_ratio; its hidden_size is the
+    # patch merger's output (the language model's width), so embed_dim wins where both are given.
+    hidden = _positive(vision, "embed_dim") or _positive(vision, "hidden_size") or _positive(vision, "width")
     layers = _positive(vision, "num_hidden_layers") or _positive(vision, "depth")
     if not hidden or not layers or not isinstance(text, Mapping):
         return None
+    ratio = vision.get("mlp_ratio")
+    mlp = (
+        int(hidden * ratio)
+        if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and ratio > 0
+        else 0
+    )
     return VisionTower(
         family=GENERIC,
         hidden_size=hidden,
-        intermediate_size=_positive(vision, "intermediate_size", 4 * hidden),
+        intermediate_size=_positive(vision, "intermediate_size", mlp or 4 * hidden),
         layers=layers,
         num_heads=_positive(vision, "num_attention_heads") or _positive(vision, "num_heads", 16),
         patch_size=_positive(vision, "patch_size", 14),
