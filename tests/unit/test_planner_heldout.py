@@ -16,6 +16,7 @@ import pytest
 
 from gpufleet.planner import GpuDevice, PlanRequest, plan
 from gpufleet.planner.arch import GIB, parse_arch
+from gpufleet.planner.base import PlannerUnmodelledError
 
 MODELS = Path(__file__).resolve().parent / "data" / "planner_models"
 H200 = GpuDevice(name="NVIDIA H200", memory_gib=150_109_880_320 / GIB)
@@ -115,6 +116,7 @@ PUBLISHED_PARAMS: dict[str, tuple[int, float]] = {
     "GLM-4.1V-9B-Thinking": (1, 10.3),
     "Idefics3-8B-Llama3": (1, 8.46),
     "llava-onevision-qwen2-7b-ov-hf": (1, 8.03),
+    "NVIDIA-Nemotron-3-Nano-30B-A3B": (1, 31.6),
     "Qwen2-VL-7B-Instruct": (1, 8.29),
 }
 QUANTIZED = (
@@ -171,14 +173,30 @@ def test_qwen2_vl_generic_tower_is_embed_dim_wide() -> None:
     assert planned(hf).vision_tower_gib_per_gpu == pytest.approx(numel * 2 / GIB, rel=0.15)
 
 
-@pytest.mark.xfail(
-    strict=True, reason="Nemotron-H's MoE blocks (E) are refused as unmodelled; vLLM 0.24 serves them"
-)
-def test_nemotron_3_nano_moe_hybrid_is_planned() -> None:
-    # NVIDIA-Nemotron-3-Nano-30B-A3B: Mamba-2 (M), MoE (E: 128 ungated relu2 experts of 1856, top 6, a shared
-    # expert of 3712) and attention (*) blocks; the card's 31.6 B parameters.
-    # Kept beside planner_models/, whose every config must plan (test_config_contract.py).
-    path = MODELS.parent / "planner_unmodelled" / "NVIDIA-Nemotron-3-Nano-30B-A3B" / "config.json"
-    result = planned(json.loads(path.read_text(encoding="utf-8")))
+def test_nemotron_3_nano_moe_blocks_are_planned_from_nemotron_h_py() -> None:
+    # NVIDIA-Nemotron-3-Nano-30B-A3B: 23 Mamba-2 (M), 23 MoE (E) and 6 attention (*) blocks. The planner
+    # refused the E blocks as unmodelled; vLLM 0.24 builds them (nemotron_h.py, NemotronHMoE): a float32
+    # router and its float32 e_score_correction_bias, 128 ungated relu2 experts (is_act_and_mul=False: w13
+    # is the up projection alone) and a bias-free shared NemotronHMLP of 3712, one RMSNorm per block.
+    hf = config("NVIDIA-Nemotron-3-Nano-30B-A3B")
+    hidden, experts, inter, shared = 2688, 128, 1856, 3712
+    moe = experts * 2 * inter * hidden + 2 * shared * hidden + hidden  # experts, shared expert, norm
+    moe_fp32 = experts * hidden + experts  # router weight and score bias, 4 bytes each
+    conv = 4096 + 2 * 8 * 128
+    mamba = hidden * (2 * 4096 + 2 * 8 * 128 + 64) + conv * 4 + conv + 3 * 64 + 4096 + 4096 * hidden + hidden
+    attention = hidden * (32 * 128 + 2 * 2 * 128) + 32 * 128 * hidden + hidden
+    numel = 2 * 131_072 * hidden + 23 * (moe + mamba) + 6 * attention + hidden
+    result = planned(hf)
     assert result.errors == []
-    assert result.weights_gib_per_gpu * GIB / 2 / 1e9 == pytest.approx(31.6, rel=0.05)
+    assert result.weights_gib_per_gpu == pytest.approx((numel * 2 + moe_fp32 * 23 * 4) / GIB, rel=0.01)
+    assert result.weights_gib_per_gpu * GIB / 2 / 1e9 == pytest.approx(31.6, rel=0.02)  # the card's count
+    # The Mamba state (float32 SSM state) sets the attention block as for the dense Nemotron-H blocks.
+    state = 3 * conv * 2 + 64 * 64 * 128 * 4
+    assert result.block_size == 16 * -(-state // (16 * 2 * 2 * 128 * 2))
+    assert result.kv_cache_tokens > 0
+
+
+def test_nemotron_h_latent_moe_is_still_refused() -> None:
+    hf = {**config("NVIDIA-Nemotron-3-Nano-30B-A3B"), "moe_latent_size": 1024}
+    with pytest.raises(PlannerUnmodelledError, match="latent MoE"):
+        parse_arch(hf)

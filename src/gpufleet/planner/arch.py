@@ -120,6 +120,9 @@ class MoeShape:
     router_bias: bool = False  # gpt-oss
     expert_bias: bool = False  # gpt-oss
     score_bias: bool = False  # DeepSeek-V3's e_score_correction_bias (float32)
+    # Nemotron-H's NemotronHMoE: ungated relu2 experts (is_act_and_mul=False: w13 is one matrix), a float32
+    # router, an ungated shared expert (NemotronHMLP: up_proj, down_proj).
+    ungated: bool = False
 
 
 @dataclass(frozen=True)
@@ -355,6 +358,10 @@ def _parse_moe(config: Mapping[str, Any], layers: int) -> MoeShape | None:
         shared = _opt_int(config, "n_shared_experts") * per_expert
     if model_type == "llama4_text":  # llama4.py: one shared expert as large as a routed one
         shared = shared or per_expert
+    if model_type == "nemotron_h":  # nemotron_h.py: moe_shared_expert_intermediate_size x n_shared_experts
+        shared = _opt_int(config, "moe_shared_expert_intermediate_size") * _opt_int(
+            config, "n_shared_experts"
+        )
     dense = set(range(min(_opt_int(config, "first_k_dense_replace"), layers)))
     only = config.get("mlp_only_layers")
     if isinstance(only, list):
@@ -377,7 +384,8 @@ def _parse_moe(config: Mapping[str, Any], layers: int) -> MoeShape | None:
         dense_layers=frozenset(dense),
         router_bias=model_type == "gpt_oss",
         expert_bias=model_type == "gpt_oss",
-        score_bias=config.get("topk_method") == "noaux_tc",
+        score_bias=config.get("topk_method") == "noaux_tc" or model_type == "nemotron_h",
+        ungated=model_type == "nemotron_h",
     )
 
 
@@ -662,15 +670,19 @@ def _moe_mlp(arch: ModelArch, moe: MoeShape, par: Parallelism) -> list[Param]:
     experts = local_experts(moe, par)
     # Expert parallelism keeps each expert whole; otherwise every rank holds a slice of every expert.
     inter = moe.intermediate_size if par.ep > 1 else math.ceil(moe.intermediate_size / par.tp)
-    params = [Param("gate.weight", moe.num_experts, hidden, quantizable=False)]
+    # Nemotron-H's router is a float32 ReplicatedLinear (router_logits_dtype).
+    params = [
+        Param("gate.weight", moe.num_experts, hidden, quantizable=False, dtype_bytes=4 if moe.ungated else 0)
+    ]
     if moe.router_bias:
         params.append(Param("gate.bias", moe.num_experts, quantizable=False))
     if moe.score_bias:
         params.append(
             Param("gate.e_score_correction_bias", moe.num_experts, quantizable=False, dtype_bytes=4)
         )
+    gates = 1 if moe.ungated else 2  # is_act_and_mul=False: w13 holds the up projection alone
     params += [
-        Param("experts.w13_weight", 2 * inter, hidden, shards=2, copies=experts),
+        Param("experts.w13_weight", gates * inter, hidden, shards=gates, copies=experts),
         Param("experts.w2_weight", hidden, inter, copies=experts),
     ]
     if moe.expert_bias:
@@ -678,20 +690,27 @@ def _moe_mlp(arch: ModelArch, moe: MoeShape, par: Parallelism) -> list[Param]:
             Param("experts.w13_bias", 2 * inter, copies=experts),
             Param("experts.w2_bias", hidden, copies=experts),
         ]
-    if moe.shared_intermediate_size:
+    if moe.shared_intermediate_size and moe.ungated:
+        params += _relu2_mlp(arch, par.tp, moe.shared_intermediate_size, prefix="shared_experts.")
+    elif moe.shared_intermediate_size:
         params += _dense_mlp(arch, moe.shared_intermediate_size, par.tp, prefix="shared_expert.")
     if moe.shared_expert_gate:
         params.append(Param("shared_expert_gate.weight", 1, hidden, quantizable=False))
     return params
 
 
-def _relu2_mlp(arch: ModelArch, tp: int) -> list[Param]:
-    """Nemotron-H's MLP block: up_proj and down_proj, no gate (squared ReLU)."""
-    inter = math.ceil(arch.intermediate_size / tp)
-    return [
-        Param("mixer.up_proj.weight", inter, arch.hidden_size),
-        Param("mixer.down_proj.weight", arch.hidden_size, inter),
-    ]
+def _relu2_mlp(arch: ModelArch, tp: int, intermediate: int = 0, prefix: str = "mixer.") -> list[Param]:
+    """Nemotron-H's MLP block (and its MoE's shared expert, built without bias): up_proj and down_proj, no
+    gate (squared ReLU)."""
+    inter = math.ceil((intermediate or arch.intermediate_size) / tp)
+    bias = arch.mlp_bias and prefix == "mixer."
+    params = [Param(f"{prefix}up_proj.weight", inter, arch.hidden_size)]
+    if bias:
+        params.append(Param(f"{prefix}up_proj.bias", inter))
+    params.append(Param(f"{prefix}down_proj.weight", arch.hidden_size, inter))
+    if bias:
+        params.append(Param(f"{prefix}down_proj.bias", arch.hidden_size))
+    return params
 
 
 def layer_params(arch: ModelArch, tp: int | Parallelism, layer: int = 0) -> list[Param]:
@@ -705,6 +724,8 @@ def layer_params(arch: ModelArch, tp: int | Parallelism, layer: int = 0) -> list
             params = arch.mamba.params(arch.hidden_size, par.tp)
         elif kind == "mlp":
             params = _relu2_mlp(arch, par.tp)
+        elif kind == "moe" and arch.moe is not None:
+            params = _moe_mlp(arch, arch.moe, par)
         else:
             params = _attention_params(arch, par.tp)
         return [*params, Param("norm.weight", arch.hidden_size)]

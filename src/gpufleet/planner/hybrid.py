@@ -317,11 +317,16 @@ def _nemotron_h(config: Mapping[str, Any], layers: int) -> tuple[tuple[str, ...]
             f"config.json: hybrid_override_pattern: found {pattern!r}; expected one of M, *, -, E per "
             f"layer ({layers}). Fix: point the planner at the model's own config.json"
         )
-    if "E" in pattern:
+    if "E" in pattern and not config_opt_int(config, "n_routed_experts"):
+        raise PlannerInputError(
+            "config.json: n_routed_experts: found nothing; expected the experts of the MoE blocks (E) of "
+            "hybrid_override_pattern. Fix: point the planner at the model's own config.json"
+        )
+    if "E" in pattern and config.get("moe_latent_size"):
         raise PlannerUnmodelledError(
-            "config.json: hybrid_override_pattern: found MoE blocks (E); expected Mamba (M), attention "
-            "(*) and MLP (-) blocks. Fix: the planner does not model Nemotron-H's MoE blocks yet; "
-            "size it by hand"
+            "config.json: moe_latent_size: found a latent MoE (fc1/fc2_latent_proj); expected Nemotron-H's "
+            "MoE blocks on the hidden size. Fix: the planner does not model the latent MoE yet; size it by "
+            "hand"
         )
     heads = config_int(config, "mamba_num_heads")
     head_dim = config_int(config, "mamba_head_dim")
