@@ -147,13 +147,55 @@ def test_held_out_quantized_model_is_planned_at_about_four_bits(model: str) -> N
     assert 0.25 < result.weights_gib_per_gpu / dense.weights_gib_per_gpu < 0.4
 
 
-@pytest.mark.xfail(
-    strict=True, reason="Phi4MMForCausalLM's image and audio encoders (embd_layer): not modelled"
+# Phi-4-multimodal's towers as vLLM 0.24 builds them (phi4mm.py, idefics2_vision_model.py, phi4mm_audio.py):
+# the SigLIP-so400m image encoder cut to 26 layers (layer_idx -2, no post LayerNorm) with glb_GN, sub_GN and
+# a two-layer projection; the 24-block Conformer with its NeMo front end, T5 biases, mean/variance parameters
+# and two projection MLPs (466,416,416 parameters counted on the meta device from vLLM's own classes).
+PHI4MM_HIDDEN = 3072
+PHI4MM_IMAGE = (
+    1152 * 3 * 14 * 14
+    + 1152
+    + 1024 * 1152  # patch embedding (bias), position embedding
+    + 26 * (4 * 1152 + 3 * 1152 * 1152 + 3 * 1152 + 1152 * 1152 + 1152 + 2 * 4304 * 1152 + 4304 + 1152)
+    + 2 * 1152  # glb_GN, sub_GN
+    + 1152 * PHI4MM_HIDDEN
+    + PHI4MM_HIDDEN
+    + PHI4MM_HIDDEN**2
+    + PHI4MM_HIDDEN  # img_projection
 )
+PHI4MM_AUDIO = 466_416_416
+PHI4MM_NONE = {"image": 0, "video": 0, "audio": 0}
+
+
 def test_phi4_multimodal_counts_its_towers() -> None:
-    result = planned(config("Phi-4-multimodal-instruct"))
-    # 3.8 B language model + about 0.9 B of vision and audio encoders (5.6 B with the LoRA adapters).
-    assert result.weights_gib_per_gpu * GIB / 2 / 1e9 > 4.5
+    hf = config("Phi-4-multimodal-instruct")
+    lm_only = planned(hf, limit_mm_per_prompt=PHI4MM_NONE)
+    assert lm_only.errors == []
+    assert lm_only.vision_tower_gib_per_gpu == 0
+    result = planned(hf)
+    assert result.errors == []
+    towers = (PHI4MM_IMAGE + PHI4MM_AUDIO) * 2 / GIB
+    assert result.vision_tower_gib_per_gpu == pytest.approx(towers, rel=1e-4)
+    assert result.weights_gib_per_gpu - lm_only.weights_gib_per_gpu == pytest.approx(towers, rel=1e-4)
+    # 3.84 B language model + 0.41 B image + 0.47 B audio; the card's 5.6 B adds the vision and speech LoRA
+    # adapters (r 256 and 320 on every layer, about 0.83 B), which load_weights skips (skip_substrs "lora").
+    assert result.weights_gib_per_gpu * GIB / 2 / 1e9 == pytest.approx(4.71, rel=0.02)
+    # video is not a Phi-4-multimodal modality: unset, its limit stays 999 and the image encoder is built.
+    image_only = planned(hf, limit_mm_per_prompt={"image": 0, "audio": 0})
+    assert image_only.vision_tower_gib_per_gpu == pytest.approx(PHI4MM_IMAGE * 2 / GIB, rel=1e-4)
+    audio_only = planned(hf, limit_mm_per_prompt={"image": 0, "video": 0})
+    assert audio_only.vision_tower_gib_per_gpu == pytest.approx(PHI4MM_AUDIO * 2 / GIB, rel=1e-4)
+    # At TP 2 the image encoder's layers are sharded; its embeddings, projection and the audio tower are not.
+    tp2 = plan(PlanRequest(hf_config=hf, gpus=(H200,) * 2, tensor_parallel_size=2, max_model_len=32768))
+    layers = 26 * (3 * 1152 * 1152 + 3 * 1152 + 1152 * 1152 + 2 * 4304 * 1152 + 4304)
+    assert tp2.vision_tower_gib_per_gpu == pytest.approx(towers - layers / 2 * 2 / GIB, rel=1e-4)
+
+
+def test_phi4_multimodal_unmodelled_conformer_is_refused() -> None:
+    hf = config("Phi-4-multimodal-instruct")
+    hf["embd_layer"]["audio_embd_layer"]["use_qformer"] = True
+    with pytest.raises(PlannerUnmodelledError, match="audio_embd_layer"):
+        parse_arch(hf)
 
 
 def test_qwen2_vl_generic_tower_is_embed_dim_wide() -> None:

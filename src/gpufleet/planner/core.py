@@ -140,6 +140,7 @@ def plan_stage(context: PlanContext, rank: int, bounds: tuple[int, int]) -> Stag
         cuda_allocator=is_nvidia(context.gpu.name),
         vision_tower=arch.vision is not None and arch.vision.builds_tower(request.limit_mm_per_prompt),
         batched_tokens=context.batching[0],
+        mm_limits=request.limit_mm_per_prompt,
     )
     weights = stage_weights(arch, shape, context.quant, request.cpu_offload_gb)
     activation = activation_peak_bytes(

@@ -17,6 +17,8 @@ Mirrors what vLLM 0.24 builds for the families the planner models:
   ``position_ids`` buffer), ``num_hidden_layers`` encoder layers (two LayerNorms with biases, ``qkv_proj``,
   ``out_proj``, ``fc1``, ``fc2``, all with biases), the post LayerNorm, and the projector
   (``mm_input_projection_weight``: vision hidden x text hidden, and an RMSNorm).
+- **Phi-4-multimodal** (``Phi4MMForCausalLM``, phi4mm.py): an image and an audio encoder outside
+  ``vision_config``, each skipped on its own; see :mod:`gpufleet.planner.phi4mm`.
 
 The tower is sharded over tensor-parallel ranks like the language model (vLLM's default
 ``mm_encoder_tp_mode`` "weights"), and is not split by pipeline stage: every rank builds it.
@@ -33,6 +35,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpufleet.planner import phi4mm
+
 # architectures[0] -> (family, the modalities whose limits decide whether vLLM builds the tower)
 MODELLED = {
     "Qwen2_5_VLForConditionalGeneration": ("qwen2_5_vl", ("image", "video")),
@@ -40,6 +44,7 @@ MODELLED = {
     "Qwen3VLMoeForConditionalGeneration": ("qwen3_vl", ("image", "video")),
     "Gemma3ForConditionalGeneration": ("gemma3", ("image",)),
     "Mistral3ForConditionalGeneration": ("pixtral", ("image",)),
+    phi4mm.ARCHITECTURE: ("phi4mm", (*phi4mm.IMAGE_MODALITIES, "audio")),
 }
 
 
@@ -64,6 +69,7 @@ class VisionTower:
     head_dim: int = 0  # Pixtral's vision head_dim (0: hidden / heads)
     projector_bias: bool = False  # Mistral 3's multimodal_projector_bias
     architecture: str = ""  # the multimodal class (architectures[0]), for the generic estimate's warning
+    audio: phi4mm.ConformerAudio | None = None  # Phi-4-multimodal's audio encoder
 
     def builds_tower(self, limits: Mapping[str, int] | None) -> bool:
         """False when every modality of the tower is limited to 0 items per prompt (vLLM then loads the
@@ -127,8 +133,8 @@ def parse_vision(config: Mapping[str, Any]) -> VisionTower | None:
     the ``generic`` estimate (:func:`generic_vision`)."""
     architectures = config.get("architectures")
     name = str(architectures[0]) if isinstance(architectures, list) and architectures else ""
-    if not isinstance(config.get("vision_config"), dict):
-        return None
+    if name == phi4mm.ARCHITECTURE or not isinstance(config.get("vision_config"), dict):
+        return _phi4mm_tower(config) if name == phi4mm.ARCHITECTURE else None
     if name not in MODELLED:
         return generic_vision(config, name)
     family, modalities = MODELLED[name]
@@ -190,6 +196,23 @@ def parse_vision(config: Mapping[str, Any]) -> VisionTower | None:
         modalities=modalities,
         image_size=_positive(vision, "image_size", 896),
         tokens_per_image=_positive(config, "mm_tokens_per_image", 256),
+    )
+
+
+def _phi4mm_tower(config: Mapping[str, Any]) -> VisionTower:
+    siglip = phi4mm.SIGLIP
+    return VisionTower(
+        family="phi4mm",
+        hidden_size=siglip["hidden"],
+        intermediate_size=siglip["intermediate"],
+        layers=phi4mm.image_layers(config),
+        num_heads=siglip["heads"],
+        patch_size=siglip["patch"],
+        out_hidden_size=_positive(config, "hidden_size"),
+        modalities=MODELLED[phi4mm.ARCHITECTURE][1],
+        image_size=siglip["image"],
+        architecture=phi4mm.ARCHITECTURE,
+        audio=phi4mm.parse_audio(config),
     )
 
 
@@ -262,7 +285,9 @@ def encoder_profile(
     and the MLP's intermediate and activation output (3 x intermediate for Qwen2.5-VL's gated MLP, 2 x for
     SigLIP's fc1 -> GELU), all in the model dtype."""
     limits = limits or {}
-    active = [m for m in tower.modalities if limits.get(m, DEFAULT_MM_LIMIT) > 0]
+    # Phi-4-multimodal builds its image encoder for an unset video limit but profiles image and audio only.
+    profiled = ("image", "audio") if tower.family == "phi4mm" else tower.modalities
+    active = [m for m in profiled if limits.get(m, DEFAULT_MM_LIMIT) > 0]
     if not active:
         return None
     tokens_per_item: dict[str, int] = {}
@@ -271,6 +296,10 @@ def encoder_profile(
             tokens_per_item[modality] = _qwen_max_tokens(tower, modality, max_model_len)
         elif tower.family == "qwen3_vl":
             tokens_per_item[modality] = _qwen3_vl_max_tokens(tower, modality)
+        elif tower.family == "phi4mm" and tower.audio is not None:
+            tokens_per_item[modality] = (
+                phi4mm.max_image_tokens()[0] if modality == "image" else phi4mm.max_audio_tokens(tower.audio)
+            )
         elif tower.family == GENERIC:  # every patch of a full-size image, before any merging
             tokens_per_item[modality] = (tower.image_size // tower.patch_size) ** 2
         elif tower.family == "pixtral":  # PixtralHFEncoderInfo: a full-size image, merged patches
@@ -285,6 +314,12 @@ def encoder_profile(
     per_prompt = max(1, min(limits.get(modality, DEFAULT_MM_LIMIT), max_model_len // tokens))
     items = max(1, min(budget // tokens, max_num_seqs * per_prompt))
     inter = math.ceil(tower.intermediate_size / tp)
+    if tower.family == "phi4mm" and tower.audio is not None:
+        peak = _phi4mm_peak(
+            tower, tower.audio, modality=modality, items=items, inter=inter, element=dtype_bytes
+        )
+        outputs = items * tokens * tower.out_hidden_size * dtype_bytes
+        return EncoderProfile(modality, tokens, budget, items, peak, outputs)
     if tower.family in {"qwen2_5_vl", "qwen3_vl"}:
         patches = items * tokens * tower.spatial_merge_size**2
         pixels = patches * 3 * tower.temporal_patch_size * tower.patch_size**2
@@ -299,3 +334,19 @@ def encoder_profile(
     # Qwen3-VL's encoder output carries each deepstack level beside the merger's (out_hidden x (1 + levels)).
     outputs = items * tokens * tower.out_hidden_size * (1 + tower.deepstack_levels) * dtype_bytes
     return EncoderProfile(modality, tokens, budget, items, peak, outputs)
+
+
+def _phi4mm_peak(
+    tower: VisionTower, audio: phi4mm.ConformerAudio, *, modality: str, items: int, inter: int, element: int
+) -> int:
+    """Phi-4-multimodal's encoder forward (estimate, as for SigLIP): an image is ``dynamic_hd + 1`` crops of
+    448 x 448 (float32 pixels and their model-dtype copy), 1024 patches each through the residual stream and
+    fc1 -> GELU; an audio item is its float32 mel frames and, per frame, the Conformer's residual stream and
+    its GLU feed-forward (2 x linear_units, and linear_units after the GLU)."""
+    if modality == "image":
+        crops = items * phi4mm.max_image_tokens()[1]
+        patches = crops * (tower.image_size // tower.patch_size) ** 2
+        pixels = crops * 3 * tower.image_size**2
+        return pixels * (4 + element) + patches * (3 * tower.hidden_size + 2 * inter) * element
+    frames = items * phi4mm.AUDIO_MAX_FRAMES
+    return frames * audio.input_size * (4 + element) + frames * (3 * audio.dim + 3 * audio.ffn) * element

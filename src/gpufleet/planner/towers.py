@@ -4,13 +4,29 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
+from gpufleet.planner import phi4mm
 from gpufleet.planner.multimodal import VisionTower
 
 
-def tower_tensors(tower: VisionTower, tp: int, dtype_bytes: int, batched_tokens: int = 0) -> list[int]:
+def tower_tensors(
+    tower: VisionTower,
+    tp: int,
+    dtype_bytes: int,
+    batched_tokens: int = 0,
+    limits: Mapping[str, int] | None = None,
+) -> list[int]:
     """Bytes of each GPU tensor of the tower and projector on one tensor-parallel rank (model dtype);
-    ``batched_tokens`` (``max_num_batched_tokens``) sizes Qwen3-VL's deepstack buffers."""
+    ``batched_tokens`` (``max_num_batched_tokens``) sizes Qwen3-VL's deepstack buffers; ``limits``
+    (``--limit-mm-per-prompt``) skips Phi-4-multimodal's image or audio encoder on its own."""
+    if tower.family == "phi4mm" and tower.audio is not None:
+        numels = []
+        if phi4mm.builds(limits, phi4mm.IMAGE_MODALITIES):
+            numels += phi4mm.image_numels(tower.layers, tower.out_hidden_size, tp)
+        if phi4mm.builds(limits, ("audio",)):
+            numels += phi4mm.audio_numels(tower.audio, tower.out_hidden_size)
+        return [numel * dtype_bytes for numel in numels]
     if tower.family == "qwen2_5_vl":
         return _qwen2_5_vl_tensors(tower, tp, dtype_bytes)
     if tower.family == "qwen3_vl":

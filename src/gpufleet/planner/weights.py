@@ -16,7 +16,7 @@ a GPU the name does not place, count the tensors alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gpufleet.planner.allocator import SharedSegments, cuda_block_bytes
@@ -71,6 +71,7 @@ class StageShape:
     # A multimodal model's tower is built unless --limit-mm-per-prompt sets every modality to 0.
     vision_tower: bool = True
     batched_tokens: int = 0  # max_num_batched_tokens (Qwen3-VL's deepstack buffers)
+    mm_limits: Mapping[str, int] | None = None  # --limit-mm-per-prompt (Phi-4-multimodal's two towers)
 
     @property
     def parallelism(self) -> Parallelism:
@@ -104,7 +105,9 @@ def stage_weights(
     on_gpu, offloaded, largest = _offload_layers(arch, shape, quant, int(cpu_offload_gb * GIB), block)
     vision = 0
     if arch.vision is not None and shape.vision_tower:
-        tensors = tower_tensors(arch.vision, shape.tp, shape.dtype_bytes, shape.batched_tokens)
+        tensors = tower_tensors(
+            arch.vision, shape.tp, shape.dtype_bytes, shape.batched_tokens, shape.mm_limits
+        )
         vision = sum(block(size) for size in tensors)
     return StageWeights(
         vision_bytes=vision,
