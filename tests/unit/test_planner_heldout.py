@@ -242,3 +242,10 @@ def test_nemotron_h_latent_moe_is_still_refused() -> None:
     hf = {**config("NVIDIA-Nemotron-3-Nano-30B-A3B"), "moe_latent_size": 1024}
     with pytest.raises(PlannerUnmodelledError, match="latent MoE"):
         parse_arch(hf)
+
+
+def test_phi4_multimodal_refuses_pipeline_parallel() -> None:
+    # phi4mm.py: assert get_pp_group().world_size == 1, "pipeline parallel is not supported"
+    hf = config("Phi-4-multimodal-instruct")
+    result = plan(PlanRequest(hf_config=hf, gpus=(H200,) * 2, pipeline_parallel_size=2, max_model_len=32768))
+    assert any("pipeline parallel is not supported" in error for error in result.errors)

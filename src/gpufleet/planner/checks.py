@@ -109,6 +109,12 @@ def _check_parallelism(context: PlanContext) -> list[str]:
             f"layers ({arch.num_layers}); every stage needs at least one layer. "
             f"Fix: set pipeline_parallel_size to at most {arch.num_layers}"
         )
+    if pp > 1 and arch.vision is not None and arch.vision.family == "phi4mm":
+        errors.append(
+            f"pipeline_parallel_size: {arch.vision.architecture} does not run with pipeline parallel size "
+            f'{pp} (vLLM 0.24\'s phi4mm.py: "pipeline parallel is not supported"). '
+            "Fix: set pipeline_parallel_size to 1 and use tensor_parallel_size"
+        )
     gpus = len(request.gpus)
     if 1 < gpus < tp * pp:
         errors.append(
