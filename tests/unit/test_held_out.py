@@ -48,6 +48,12 @@ ROLE_VALUES: list[tuple[str, Any, str]] = [
     ("ansible_port", "22/tcp", "not convertible to int"),
     ("ansible_port", 0, "from 1 to 65535"),
     ("ansible_user", ["root"], "a list where text belongs"),
+    # environment files, one NAME=VALUE line per item, unquoted: a newline added a line (VLLM_API_KEY=...)
+    ("vllm_service_env", {"NCCL_DEBUG": "INFO\nVLLM_API_KEY=x"}, "'NCCL_DEBUG': control characters"),
+    ("vllm_service_env", {"NCCL DEBUG": "INFO"}, "not an environment variable's name"),
+    ("ray_cluster_env", {"A": [1, 2]}, "'A': a list where text belongs"),
+    ("vllm_pd_env", {"VLLM_USE_V1": True}, "'VLLM_USE_V1': YAML read a boolean"),
+    ("docker_service_environment", {"HTTP_PROXY": 1.10}, "YAML read the number 1.1"),
 ]
 
 
@@ -62,7 +68,12 @@ def test_a_role_value_as_written_is_what_the_role_reads(
 
 
 @pytest.mark.parametrize(
-    ("name", "value"), [("cuda_toolkit_version", "12.10"), ("ray_cluster_image", "img:1")]
+    ("name", "value"),
+    [
+        ("cuda_toolkit_version", "12.10"),
+        ("ray_cluster_image", "img:1"),
+        ("vllm_service_env", {"OMP_NUM_THREADS": 8, "NCCL_DEBUG": "INFO"}),
+    ],
 )
 def test_quoted_text_is_taken(make_inventory: InventoryFactory, name: str, value: Any) -> None:
     assert lines(make_inventory(group_vars={name: value})) == []

@@ -72,6 +72,8 @@ PATTERNS: Mapping[str, tuple[str, str]] = {
         "1-32 lowercase letters, digits and '-', starting with a letter or digit",
     ),
 }
+# Mappings written to an environment file, one NAME=VALUE line each, unquoted: names and text values only.
+ENVIRONMENT = r".*_(env|environment)"
 KINDS = {
     "int": "an integer",
     "float": "a number",
@@ -164,7 +166,12 @@ def check_values(host: RawHost, options: Mapping[str, Option]) -> Iterator[Probl
             yield _problem(host, option, value, expected, "a boolean")
             continue
         if (why := as_written(option, value)) is not None:
-            yield _problem(host, option, value, expected, why)
+            said = (
+                f"the {option.role} role reads the value as written"
+                if option.role not in (None, CONNECTION)
+                else ""
+            )
+            yield _problem(host, option, value, expected, why, said=said)
             continue
         result = ArgumentSpecValidator({name: dict(option.spec)}).validate({name: value})
         if result.error_messages:
@@ -207,12 +214,28 @@ def as_written(option: Option, value: Any) -> str | None:
         ),
     )
     found = next((why for wrong, why in reasons if wrong), None)
+    if found is None and option.kind == "dict" and re.fullmatch(ENVIRONMENT, option.name):
+        line = Option(option.role, option.name, {"type": "str"})  # a line NAME=VALUE of an env file each
+        found = next(
+            (
+                f"{name!r}: {why}"
+                for name, item in value.items()
+                if (why := _env_name(name) or as_written(line, item))
+            ),
+            None,
+        )
     if found is None and option.kind == "list" and option.spec.get("elements") in ("str", "path"):
         each = Option(option.role, option.name, {"type": option.spec["elements"]})  # the text rules, per item
         found = next(
             (f"item {n}: {why}" for n, item in enumerate(value) if (why := as_written(each, item))), None
         )
     return found
+
+
+def _env_name(name: Any) -> str | None:
+    if isinstance(name, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        return None
+    return "not an environment variable's name (letters, digits and '_', not starting with a digit)"
 
 
 def _expected(option: Option) -> str:
@@ -222,6 +245,8 @@ def _expected(option: Option) -> str:
     kind = KINDS.get(option.kind, f"a {option.kind}")
     if option.kind == "list" and option.spec.get("elements") in ("str", "path"):
         kind = "a list of strings"
+    if option.kind == "dict" and re.fullmatch(ENVIRONMENT, option.name):
+        kind = "a mapping of environment variable names to text"
     return limits.describe(kind) if limits is not None and option.kind in ("int", "float") else kind
 
 
@@ -233,14 +258,16 @@ def _reason(message: str) -> str:
     return f"not convertible to {match.group(1)}" if match else message.split(":", maxsplit=1)[0]
 
 
-def _problem(host: RawHost, option: Option, value: Any, expected: str, why: str) -> Problem:
+def _problem(
+    host: RawHost, option: Option, value: Any, expected: str, why: str, *, said: str = ""
+) -> Problem:
     shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
     return Problem(
         f"host {host.name}",
         option.name,
         f"{shown} ({why})",
         expected,
-        f"set {option.name} to {expected}; {option.refuses}",
+        f"set {option.name} to {expected}; {said or option.refuses}",
     )
 
 
