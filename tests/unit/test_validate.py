@@ -241,9 +241,8 @@ def test_unparsable_inventory(tmp_path: Path) -> None:
     broken = tmp_path / "hosts.yml"
     broken.write_text("gpu_nodes: [unclosed\n", encoding="utf-8")
     line = only_problem(broken)
-    assert line.startswith(f"{broken}: -i: found ")
-    assert "failed to parse" in line
-    assert "; expected an Ansible inventory (YAML or INI). Fix: " in line
+    assert line.startswith(f"{broken}:2: -i: found YAML it cannot read (while parsing a flow sequence")
+    assert "; expected YAML: `name: value` lines" in line and ". Fix: correct the line" in line
 
 
 def test_plan_request_for_inventory_uses_the_smallest_gpu() -> None:

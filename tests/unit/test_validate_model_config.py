@@ -36,15 +36,16 @@ def prod_with_config(tmp_path: Path, whole: dict[str, object] | None = None, **c
 
 def test_validate_refuses_a_value_no_model_has(tmp_path: Path) -> None:
     result = validate_inventory(prod_with_config(tmp_path, hidden_size=True))
-    (problem,) = [p for p in result.problems if p.variable == "config.json"]
-    assert "hidden_size: found True; expected a positive integer" in str(problem)
+    (problem,) = [p for p in result.problems if p.variable == "hidden_size"]
+    assert ": hidden_size: found True; expected a positive integer" in str(problem)
+    assert problem.where == str(tmp_path / "config.json") and str(problem).count("Fix:") == 1
     assert not any("not planned" in warning for warning in result.warnings)
 
 
 def test_validate_refuses_architectures_as_a_string(tmp_path: Path) -> None:
     result = validate_inventory(prod_with_config(tmp_path, architectures="Qwen2ForCausalLM"))
-    (problem,) = [p for p in result.problems if p.variable == "config.json"]
-    assert "architectures: found 'Qwen2ForCausalLM'; expected a list of class names" in str(problem)
+    (problem,) = [p for p in result.problems if p.variable == "architectures"]
+    assert ": architectures: found 'Qwen2ForCausalLM'; expected a list of class names" in str(problem)
 
 
 @pytest.mark.parametrize("value", ["Qwen2ForCausalLM", [1], {"a": 1}])
@@ -60,7 +61,7 @@ def test_a_vision_model_is_unmodelled_not_wrong(tmp_path: Path) -> None:
     with pytest.raises(PlannerUnmodelledError):
         parse_arch(vision)
     result = validate_inventory(prod_with_config(tmp_path, vision))
-    assert not [p for p in result.problems if p.variable == "config.json"]
+    assert not [p for p in result.problems if p.where == str(tmp_path / "config.json")]
     assert any("not planned" in warning for warning in result.warnings)
 
 

@@ -19,6 +19,7 @@ pools and the proxy without KV transfer (each decode instance then computes the 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -183,6 +184,16 @@ def _pool_settings(pools: Mapping[str, list[RawHost]]) -> Iterator[Problem]:
             config = host.variables.get("vllm_pd_config") or {}
             if not isinstance(config, Mapping):
                 continue  # not a mapping: the role's argument spec (the value checks) says so
+            for key in config:
+                if not isinstance(key, str) or not re.fullmatch(r"[a-z][a-z0-9]*(-[a-z0-9]+)*", key):
+                    # vLLM reads block_size as block-size: written so, it escaped the checks here
+                    yield Problem(
+                        f"host {host.name} ({group})",
+                        "vllm_pd_config",
+                        f"the key {key!r}",
+                        "vLLM's long option names as written after --, lowercase with '-' (block-size)",
+                        f"write the key as {str(key).lower().replace('_', '-').strip('-')!r}, or remove it",
+                    )
             for key, field_name in CONFIG_FIELDS.items():
                 if key not in config:
                     continue

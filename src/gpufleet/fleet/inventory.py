@@ -285,6 +285,19 @@ def _inventory_files(path: Path) -> Iterator[Path]:
                 yield candidate
 
 
+def _syntax_error(file: Path, error: yaml.MarkedYAMLError) -> Problem:
+    mark = error.problem_mark or error.context_mark
+    where = f"{file}:{mark.line + 1}" if mark is not None else str(file)
+    said = " ".join(part for part in (error.context, error.problem) if part)
+    return Problem(
+        where,
+        "-i",
+        f"YAML it cannot read ({said})",
+        "YAML: `name: value` lines, nested values indented with spaces (no tabs), quotes closed",
+        "correct the line (a tab, an unclosed quote or bracket, a missing ': '); `yamllint FILE` shows more",
+    )
+
+
 def _decode(file: Path, data: bytes) -> tuple[str | None, Problem | None]:
     """The file's text; or the problem Ansible would choke on (not UTF-8, binary content)."""
     fix = "save it as UTF-8 text, or move non-inventory files out of the inventory directory"
@@ -358,8 +371,12 @@ def _duplicate_keys(path: Path, files: Mapping[Path, bytes] | None = None) -> It
         loader.duplicates = []
         try:
             data = loader.get_single_data()
-        except yaml.YAMLError:
-            continue  # Ansible's parser reports syntax errors with its own context
+        except yaml.MarkedYAMLError as error:
+            # A syntax error in a vars file reaches Ansible's message without the file's name: say it here
+            # (a hosts file without .yml may be INI, and an unknown tag Ansible's own: left to Ansible).
+            if file.suffix in (".yml", ".yaml") and not isinstance(error, yaml.constructor.ConstructorError):
+                yield _syntax_error(file, error)
+            continue
         finally:
             loader.dispose()
         if data is not None and not isinstance(data, dict):

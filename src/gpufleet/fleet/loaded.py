@@ -79,11 +79,15 @@ class Fleet:
 
     def unmatched(self, pattern: str) -> list[str]:
         """The parts of a ``--limit`` pattern that select no host (a typo Ansible only warns about, then runs
-        on the rest, or on nothing and reports success)."""
+        on the rest, or on nothing and reports success), else the whole pattern when together they select
+        none (``all:!gpu_nodes``)."""
         from ansible.inventory.manager import split_host_pattern  # noqa: PLC0415
 
         parts = [part for part in split_host_pattern(pattern) if part and part[0] not in "!&@"]
-        return [part for part, hosts in zip(parts, self._selected(parts), strict=True) if not hosts]
+        *each, whole = self._selected([*parts, pattern])
+        unmatched = [part for part, hosts in zip(parts, each, strict=True) if not hosts]
+        # every part selects hosts, and the exclusions (!) or intersections (&) leave none of them
+        return unmatched or ([] if whole else [pattern])
 
     def _selected(self, patterns: list[str]) -> list[list[str]]:
         """The hosts each pattern selects, from one InventoryManager built from this reading."""

@@ -11,6 +11,7 @@ numeric variable no rule covers. Variables typed by the fleet schema (``schema.V
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from typing import Any
 import yaml
 
 from gpufleet.fleet.raw import RawHost
-from gpufleet.fleet.schema import VARIABLES
+from gpufleet.fleet.schema import CONTROL, VARIABLES
 from gpufleet.problems import Problem
 
 
@@ -71,6 +72,8 @@ PATTERNS: Mapping[str, tuple[str, str]] = {
         "1-32 lowercase letters, digits and '-', starting with a letter or digit",
     ),
 }
+# Mappings written to an environment file, one NAME=VALUE line each, unquoted: names and text values only.
+ENVIRONMENT = r".*_(env|environment)"
 KINDS = {
     "int": "an integer",
     "float": "a number",
@@ -95,6 +98,14 @@ FLEET_ONLY_SPECS: Mapping[str, Mapping[str, Any]] = {
 }
 
 
+# Ansible's own connection variables gpufleet's inventories set: a wrong one fails every host's first task.
+CONNECTION = "ansible"
+CONNECTION_SPECS: Mapping[str, Mapping[str, Any]] = {
+    "ansible_port": {"type": "int"},
+    "ansible_user": {"type": "str"},
+}
+
+
 @dataclass(frozen=True)
 class Option:
     role: str | None  # None: gpufleet's own (FLEET_ONLY_SPECS)
@@ -109,6 +120,8 @@ class Option:
     def refuses(self) -> str:
         if self.role is None:
             return "gpufleet reads it so (the README's inventory reference)"
+        if self.role == CONNECTION:
+            return "Ansible connects to the host with it"
         return (
             f"the {self.role} role would refuse it on the host after earlier stages ran "
             f"(roles/{self.role}/meta/argument_specs.yml)"
@@ -124,6 +137,7 @@ def role_options(root: Path) -> Mapping[str, Option]:
     """Every option of every entry point of every role's argument specs, by name (the first entry point's),
     and gpufleet's own (:data:`FLEET_ONLY_SPECS`)."""
     found = {name: Option(None, name, spec) for name, spec in FLEET_ONLY_SPECS.items()}
+    found |= {name: Option(CONNECTION, name, spec) for name, spec in CONNECTION_SPECS.items()}
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     for spec_file in sorted(root.glob("roles/*/meta/argument_specs.yml")):
         role = spec_file.parent.parent.name
@@ -151,6 +165,14 @@ def check_values(host: RawHost, options: Mapping[str, Option]) -> Iterator[Probl
         if option.kind in ("int", "float") and isinstance(value, bool):
             yield _problem(host, option, value, expected, "a boolean")
             continue
+        if (why := as_written(option, value)) is not None:
+            said = (
+                f"the {option.role} role reads the value as written"
+                if option.role not in (None, CONNECTION)
+                else ""
+            )
+            yield _problem(host, option, value, expected, why, said=said)
+            continue
         result = ArgumentSpecValidator({name: dict(option.spec)}).validate({name: value})
         if result.error_messages:
             yield _problem(host, option, value, expected, _reason(result.error_messages[0]))
@@ -164,11 +186,67 @@ def check_values(host: RawHost, options: Mapping[str, Option]) -> Iterator[Probl
             yield _problem(host, option, value, limits.describe(KINDS[option.kind]), "out of range")
 
 
+def as_written(option: Option, value: Any) -> str | None:
+    """Why ``value`` is not what the role reads, although Ansible's validator would convert it: the role reads
+    the variable as written, not as the validator converted it (``"a=1"`` is no mapping, ``["x"]`` no text),
+    and what YAML made of an unquoted value is seldom what was meant (``12.10`` is the number 12.1)."""
+    text = option.kind in ("str", "path") and not option.spec.get("choices")  # choices say what they take
+    reasons = (
+        (isinstance(value, float) and not math.isfinite(value), "not a finite number"),
+        (
+            option.kind == "dict" and not isinstance(value, Mapping),
+            "not written as a mapping (name: value lines)",
+        ),
+        (option.kind == "list" and not isinstance(value, list), "not written as a list ([a, b] or - lines)"),
+        (text and isinstance(value, Mapping), "a mapping where text belongs"),
+        (text and isinstance(value, list), "a list where text belongs"),
+        (
+            text and isinstance(value, bool),
+            "YAML read a boolean (yes, no, on, off, true, false); quote the text",
+        ),
+        (
+            text and isinstance(value, float),
+            f"YAML read the number {value!r}; quote the text (unquoted, 12.10 is 12.1)",
+        ),
+        (
+            text and isinstance(value, str) and CONTROL.search(value) is not None,
+            "control characters (a newline, a tab, an escape)",
+        ),
+    )
+    found = next((why for wrong, why in reasons if wrong), None)
+    if found is None and option.kind == "dict" and re.fullmatch(ENVIRONMENT, option.name):
+        line = Option(option.role, option.name, {"type": "str"})  # a line NAME=VALUE of an env file each
+        found = next(
+            (
+                f"{name!r}: {why}"
+                for name, item in value.items()
+                if (why := _env_name(name) or as_written(line, item))
+            ),
+            None,
+        )
+    if found is None and option.kind == "list" and option.spec.get("elements") in ("str", "path"):
+        each = Option(option.role, option.name, {"type": option.spec["elements"]})  # the text rules, per item
+        found = next(
+            (f"item {n}: {why}" for n, item in enumerate(value) if (why := as_written(each, item))), None
+        )
+    return found
+
+
+def _env_name(name: Any) -> str | None:
+    if isinstance(name, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        return None
+    return "not an environment variable's name (letters, digits and '_', not starting with a digit)"
+
+
 def _expected(option: Option) -> str:
     if choices := option.spec.get("choices"):
         return "one of " + ", ".join(str(choice) for choice in choices)
     limits = range_for(option.name)
     kind = KINDS.get(option.kind, f"a {option.kind}")
+    if option.kind == "list" and option.spec.get("elements") in ("str", "path"):
+        kind = "a list of strings"
+    if option.kind == "dict" and re.fullmatch(ENVIRONMENT, option.name):
+        kind = "a mapping of environment variable names to text"
     return limits.describe(kind) if limits is not None and option.kind in ("int", "float") else kind
 
 
@@ -180,14 +258,16 @@ def _reason(message: str) -> str:
     return f"not convertible to {match.group(1)}" if match else message.split(":", maxsplit=1)[0]
 
 
-def _problem(host: RawHost, option: Option, value: Any, expected: str, why: str) -> Problem:
+def _problem(
+    host: RawHost, option: Option, value: Any, expected: str, why: str, *, said: str = ""
+) -> Problem:
     shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
     return Problem(
         f"host {host.name}",
         option.name,
         f"{shown} ({why})",
         expected,
-        f"set {option.name} to {expected}; {option.refuses}",
+        f"set {option.name} to {expected}; {said or option.refuses}",
     )
 
 

@@ -32,6 +32,8 @@ NIC_PATTERN = r"^[A-Za-z0-9_.:@-]{1,15}$"
 HOST_NAME = re.compile(
     r"(?=.{1,253}$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*"
 )
+# Control characters: in no name, path or model of the inventory (a newline, a tab, an escape).
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # A ModelScope (or Hugging Face) repository id: "<org>/<name>".
 REPO_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
@@ -63,6 +65,9 @@ class _Frozen(BaseModel):
             raise ValueError("a number, not true/false")
         if isinstance(value, float) and not math.isfinite(value):  # YAML's .inf/.nan pass ge= checks
             raise ValueError("a finite number, not .inf or .nan")
+        control = CONTROL.search(value) if isinstance(value, str) else None  # a newline in a path, an escape
+        if control is not None:
+            raise ValueError(f"text without control characters (found {control[0]!r})")
         return value
 
 
@@ -111,7 +116,10 @@ class NodeSpec(_Frozen):
     @field_validator("node_ip")
     @classmethod
     def _reachable(cls, value: ipaddress.IPv4Address | ipaddress.IPv6Address) -> Any:
-        """The address the other nodes reach this one at (Ray, NCCL, the relays): one of its own, on a NIC."""
+        """The address the other nodes reach this one at (Ray, NCCL, the relays): one of its own, on a NIC.
+        An IPv4-mapped IPv6 address (``::ffff:127.0.0.1``) is judged as the IPv4 address it maps."""
+        mapped = getattr(value, "ipv4_mapped", None)
+        value = mapped if mapped is not None else value
         kind = next(
             (
                 name
@@ -120,6 +128,8 @@ class NodeSpec(_Frozen):
                     ("loopback", value.is_loopback),
                     ("multicast", value.is_multicast),
                     ("broadcast", str(value) == "255.255.255.255"),
+                    # fe80::/10 needs a zone (%eth0) no peer can use; 169.254/16: a NIC's when none was set
+                    ("link-local", value.is_link_local),
                 )
                 if test
             ),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import functools
 import heapq
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -539,6 +540,29 @@ def plan_request(fleet: FleetSpec) -> tuple[PlanRequest | None, list[Problem]]:
     return request, []
 
 
+# The planner's own line for a config.json value: "config.json: KEY: found X; expected Y. Fix: Z".
+_PLANNER_LINE = re.compile(
+    r"(?s)[^:]*: (?P<key>[^:]+): found (?P<found>.*?); expected (?P<expected>.*?)\. Fix: (?P<fix>.*)"
+)
+
+
+def config_problem(config: Path | None, error: Exception) -> Problem:
+    """One problem line for a config.json value the planner refuses: the file where, the key what (the
+    planner's own line, not wrapped in another one)."""
+    line = _PLANNER_LINE.fullmatch(str(error))
+    if line is None:
+        return Problem(
+            "group gpu_nodes", "gpufleet_model_config", str(config), "the model's own config.json", str(error)
+        )
+    return Problem(
+        str(config),
+        line["key"],
+        line["found"],
+        line["expected"],
+        f"{line['fix']}; point gpufleet_model_config at the model's own config.json",
+    )
+
+
 def _check_plan(fleet: FleetSpec, result: Validation) -> None:
     if model_config_path(fleet) is None:
         result.warnings.append(
@@ -558,15 +582,7 @@ def _check_plan(fleet: FleetSpec, result: Validation) -> None:
         result.warnings.append(f"the model's memory was not planned: {unmodelled}")
         return
     except PlannerInputError as wrong:  # a config.json value no model has (hidden_size: true, ...)
-        result.problems.append(
-            Problem(
-                "gpufleet_model_config",
-                "config.json",
-                str(wrong),
-                "the model's own config.json",
-                "point gpufleet_model_config at the model's config.json",
-            )
-        )
+        result.problems.append(config_problem(model_config_path(fleet), wrong))
         return
     for error in outcome.errors:
         result.problems.append(

@@ -142,6 +142,12 @@ def parse(text: str, file: Path) -> dict[str, Any]:
 def check(config: Mapping[str, Any], file: str = "config.json") -> None:
     """PlannerInputError naming the first value of ``config`` the planner cannot read as a model."""
     for where, section in _sections(config):
+        for name in SECTIONS:
+            if section.get(name) is not None and not isinstance(section[name], Mapping):
+                raise PlannerInputError(
+                    f"{file}: {where}{name}: found {_shown(section[name])}; expected a JSON object (or "
+                    "null). Fix: the model's own config.json has it as an object of settings"
+                )
         for key, value in section.items():
             if key in NUMBERS and (value is not None or key in NOT_NULL):
                 _number(file, where + key, value, NUMBERS[key])
@@ -222,11 +228,14 @@ def _number(file: str, name: str, value: Any, rule: tuple[type, float, float]) -
         expected = f"an integer of at least {low:g}"
     else:
         expected = f"{'an' if kind is int else 'a'} {what} from {low:g} to {high:,g}"
-    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
     raise PlannerInputError(
-        f"{file}: {name}: found {shown}; expected {expected}. Fix: the model's own config.json has it as a "
-        "JSON number"
+        f"{file}: {name}: found {_shown(value)}; expected {expected}. "
+        "Fix: the model's own config.json has it as a JSON number"
     )
+
+
+def _shown(value: Any) -> str:
+    return repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
 
 
 def _heads(file: str, where: str, section: Mapping[str, Any]) -> None:
