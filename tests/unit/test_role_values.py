@@ -136,8 +136,8 @@ def test_forward_compat_false_as_a_word_is_false(make_inventory: InventoryFactor
 def test_thousands_of_variables_validate_in_seconds(make_inventory: InventoryFactory) -> None:
     """The "did you mean" search once took ~15 s per host for 3,000 misspelt settings (difflib against every
     known name, again on every host); it compares within the namespace, once per name. A bound, not a
-    benchmark: it catches the return of the quadratic search, not a few percent. CPU seconds of this process,
-    not wall time: a busy machine (the suite's other worker, its labs) once stretched the wall time to 16.4 s."""
+    benchmark: it catches the return of the quadratic search, not a few percent. CPU seconds of this
+    process, not wall time: a busy machine (the suite's other worker, its labs) stretched that to 16.4 s."""
     variables = {f"vllm_service_setting_{i}": i for i in range(3000)}
     variables |= {f"site_var_{i}": i for i in range(3000)}
     path = make_inventory(group_vars=variables)
