@@ -121,7 +121,8 @@ def build(model: str, root: Path) -> str:
 
     config = json.loads((MODELS / model / "config.json").read_text())
     text = config.get("text_config") if "vocab_size" not in config else None
-    vocab = int((text or config)["vocab_size"])
+    # Gemma 3's published text_config leaves vocab_size to Gemma3TextConfig (262,208).
+    vocab = int((text or config).get("vocab_size") or 262_208)
     specials = dict(mkmodel.SPECIALS)
     extra = None
     extra_file = MODELS / model / "tokenizer_specials.json"
