@@ -33,6 +33,8 @@ DONE = "Maximum concurrency for"
 LEN, UTIL = "--max-model-len", "--gpu-memory-utilization"
 MM, NO_MM = "--limit-mm-per-prompt", '{"image": 0, "video": 0}'
 EAGER = "--enforce-eager"
+TRC = "--trust-remote-code"
+PHI4MM = "Phi-4-multimodal-instruct"
 CASES: dict[str, tuple[str, list[str]]] = {
     "qwen3-30b-a3b-moe": ("Qwen3-30B-A3B", [LEN, "8192", UTIL, "0.9"]),
     "deepseek-v2-lite-mla": (
@@ -95,6 +97,20 @@ CASES: dict[str, tuple[str, list[str]]] = {
     "qwen3-next-24l-hybrid-128k": ("Qwen3-Next-80B-A3B-Instruct-24L", [LEN, "131072", UTIL, "0.85", EAGER]),
     "jamba-v0.1-16l-hybrid-64k": ("Jamba-v0.1-16L", [LEN, "65536", UTIL, "0.8", EAGER]),
     "falcon-h1-0.5b-hybrid-8k": ("Falcon-H1-0.5B-Instruct", [LEN, "8192", UTIL, "0.7", EAGER]),
+    # Issue 38, third round: models the planner learned on 2026-12-02, predicted (predictions-round3.json)
+    # and committed before these ran. Phi-4-multimodal needs its remote config class (phi4mm_config.py).
+    "phi-4-mm-text-only": (
+        PHI4MM,
+        [LEN, "16384", UTIL, "0.9", EAGER, TRC, MM, '{"image": 0, "video": 0, "audio": 0}'],
+    ),
+    "nemotron-3-nano-30b-a3b-hybrid-moe": (
+        "NVIDIA-Nemotron-3-Nano-30B-A3B",
+        [LEN, "16384", UTIL, "0.9", EAGER],
+    ),
+    "gemma-3-27b-text-only": ("gemma-3-27b-it", [LEN, "16384", UTIL, "0.9", EAGER, MM, '{"image": 0}']),
+    "gemma-3-27b-images": ("gemma-3-27b-it", [LEN, "16384", UTIL, "0.9", EAGER]),
+    "qwen2-vl-7b-images": ("Qwen2-VL-7B-Instruct", [LEN, "16384", UTIL, "0.9", EAGER]),
+    "phi-4-mm-images": (PHI4MM, [LEN, "16384", UTIL, "0.9", EAGER, TRC]),
 }
 
 
@@ -105,7 +121,8 @@ def build(model: str, root: Path) -> str:
 
     config = json.loads((MODELS / model / "config.json").read_text())
     text = config.get("text_config") if "vocab_size" not in config else None
-    vocab = int((text or config)["vocab_size"])
+    # Gemma 3's published text_config leaves vocab_size to Gemma3TextConfig (262,208).
+    vocab = int((text or config).get("vocab_size") or 262_208)
     specials = dict(mkmodel.SPECIALS)
     extra = None
     extra_file = MODELS / model / "tokenizer_specials.json"
@@ -120,6 +137,10 @@ def build(model: str, root: Path) -> str:
     for source in (MODELS / model).glob("*.json"):  # config.json and a multimodal model's processor files
         if source.name != "tokenizer_specials.json":
             (out / source.name).write_text(source.read_text())
+    if model == PHI4MM:  # transformers has no phi4mm config class: a stand-in as the remote code
+        (out / "configuration_phi4mm.py").write_text((HERE / "phi4mm_config.py").read_text())
+        config["auto_map"] = {"AutoConfig": "configuration_phi4mm.Phi4MMConfig"}
+        (out / "config.json").write_text(json.dumps(config, indent=2))
     mkmodel.tokenizer(vocab, specials, extra).save_pretrained(out)
     return str(out)
 
