@@ -748,6 +748,12 @@ def test_gpufleet_rollback_brings_the_previous_revision_back(
 # (migration_support.py: that release's tree from git history, its serve and verify stages on this lab). Here,
 # after the upgrades: a rollback to the revision it kept then, and a deploy that migrates again, so that the
 # teardown below stops this release's instance.
+# heavy (`make test-all`, issue 33): the four tests restart vLLM four times and run the release before's own
+# playbooks, 362 s of the end-to-end file (the floor of `make test`) for a path each fleet takes once, on its
+# first deploy of this release. What the migration is made of stays in `make test`: the revision module
+# records across it (test_revision_module.py), the release before's files are part of every revision
+# (test_vllm_service_templates.py), and an upgrade, the broken image and `gpufleet rollback` run above.
+MIGRATION = pytest.mark.heavy
 
 
 @dataclass(frozen=True)
@@ -778,6 +784,7 @@ def migration(
     return Migration(json.loads(read.stdout), report, again)
 
 
+@MIGRATION
 def test_a_deploy_migrates_the_release_before_instances_with_one_restart(
     lab: RunningLab, deployment: Deployment, migration: Migration
 ) -> None:
@@ -809,12 +816,14 @@ def test_a_deploy_migrates_the_release_before_instances_with_one_restart(
     assert answers(lab, deployment)
 
 
+@MIGRATION
 def test_the_deploy_after_the_migration_changes_nothing(migration: Migration) -> None:
     again = migration.again
     assert again.ok, failures(again)
     assert {f"{s.name}/{h.host}": h.changed for s in again.stages for h in s.hosts if h.changed} == {}
 
 
+@MIGRATION
 def test_a_rollback_to_the_revision_kept_before_the_migration_puts_that_release_back_whole(
     lab: RunningLab, deployment: Deployment, migration: Migration, installed_gpufleet: Path, tmp_path: Path
 ) -> None:
@@ -837,6 +846,7 @@ def test_a_rollback_to_the_revision_kept_before_the_migration_puts_that_release_
     assert current is not None and current["unit"] == LEGACY_UNIT, current  # rolling back again returns
 
 
+@MIGRATION
 def test_the_deploy_after_that_rollback_migrates_again(
     lab: RunningLab, deployment: Deployment, installed_gpufleet: Path, tmp_path: Path
 ) -> None:
