@@ -94,6 +94,9 @@ def test_every_host_gets_every_image_with_its_id(
         assert lab.ssh(host, "ls -A /var/tmp/gpufleet-images").stdout.strip() == "", (
             "staged archives left behind"
         )
+        # every receiver of the chain has exited (pgrep's own line excluded by the [.])
+        left = lab.ssh(host, "pgrep --full --list-full 'gpufleet_relay[.]py' || true").stdout.strip()
+        assert left == "", (host, left)
 
 
 def test_auto_lets_the_control_node_head_the_chain(
@@ -141,6 +144,22 @@ def test_corrupted_archive_is_refused_before_anything_is_copied(
     assert "gpufleet-test-none_1.tar: expected sha256" in result.stdout, result.stdout[-3000:]
     assert "Nothing was copied or loaded" in result.stdout
     assert "gpufleet/test-none" not in lab.ssh("node2", "docker image ls").stdout
+
+
+def test_check_mode_on_a_node_missing_an_image_reports_it_and_loads_nothing(
+    lab: RunningLab, first_run: subprocess.CompletedProcess[str], bundle: Path, tmp_path: Path
+) -> None:
+    """Check mode (`gpufleet deploy --check`, and Molecule's check step on fresh hosts, `make test-all`) on a
+    node that lacks an image: the run succeeds and reports node3 changed, and nothing is copied or loaded."""
+    lab.ssh("node3", "docker image rm gpufleet/test-zstd:1")
+    result = run_role(lab, tmp_path, bundle, "--check")
+    assert result.returncode == 0, result.stdout[-3000:]
+    # node1 has every image; node2 may lack the one the corrupted-archive test above refused to load
+    assert changed_counts(result.stdout)["node3"] == 1, result.stdout[-3000:]
+    assert changed_counts(result.stdout)["node1"] == 0, result.stdout[-3000:]
+    assert said(result.stdout, "node3: would load gpufleet/test-zstd:1"), result.stdout[-3000:]
+    assert len(image_ids(lab, "node3")) == len(COMPRESSIONS) - 1
+    assert lab.ssh("node3", "ls -A /var/tmp/gpufleet-images 2>/dev/null").stdout.strip() == ""
 
 
 def test_direct_strategy_also_loads_missing_images(
