@@ -141,3 +141,17 @@ def test_one_model_variables_beside_services_are_refused(make_inventory: Invento
         "group gpu_nodes: gpufleet_model_repo: found 'Qwen/Qwen2.5-1.5B-Instruct' beside gpufleet_services"
     )
     assert any(line.startswith(beside) for line in said), said
+
+
+def test_a_replica_vllm_would_refuse_on_its_own_gpus_is_named(make_inventory: InventoryFactory) -> None:
+    """Each replica is planned on its own GPUs: a context too long for one H100's KV cache at a low
+    utilization is refused for each replica, by its id."""
+    path = with_services(
+        make_inventory,
+        service("a", replicas=2, serving={"max_model_len": 32768, "gpu_memory_utilization": 0.05}),
+    )
+    said = problems_of(path)
+    assert [line.split(": serving (planner)")[0] for line in said] == [
+        "gpufleet_services: a-0",
+        "gpufleet_services: a-1",
+    ], said

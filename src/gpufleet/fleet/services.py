@@ -158,14 +158,67 @@ def place_fleet(fleet: FleetSpec) -> Placement:
     return place(head_first, shapes)
 
 
-def placement_problems(fleet: FleetSpec) -> list[Problem]:
+def service_problems(fleet: FleetSpec) -> tuple[list[Problem], list[str]]:
+    """What keeps the services from being placed, or a replica from starting on its own GPUs (the planner's
+    errors, per replica); and the planner's warnings. A service without a config.json is not planned (a
+    warning says so)."""
     try:
-        place_fleet(fleet)
+        placement = place_fleet(fleet)
     except PlacementError as error:
-        return [
+        problems = [
             Problem(f"{VARIABLE}: {p.where}", p.variable, p.found, p.expected, p.fix) for p in error.problems
         ]
-    return []
+        return problems, []
+    from gpufleet.planner import PlannerInputError, PlannerUnmodelledError, load_model_config, plan  # noqa: PLC0415
+
+    configs: dict[str, dict[str, Any]] = {}
+    problems, warnings = [], []
+    for service in services_of(fleet):
+        path = model_config(fleet, service.model)
+        if path is None:
+            warnings.append(f"service {service.name}: model.config is not set: its memory was not planned")
+            continue
+        try:
+            configs[service.name] = load_model_config(path)
+        except PlannerInputError as error:
+            problems.append(
+                Problem(
+                    f"{VARIABLE}: service {service.name}",
+                    "model.config",
+                    str(path),
+                    "a readable config.json",
+                    f"{error}; point model.config at the model's config.json",
+                )
+            )
+    for replica_id, request in replica_requests(fleet, placement, configs).items():
+        try:
+            outcome = plan(request)
+        except PlannerUnmodelledError as unmodelled:
+            warnings.append(f"{replica_id}: the model's memory was not planned: {unmodelled}")
+            continue
+        except PlannerInputError as wrong:
+            problems.append(
+                Problem(
+                    f"{VARIABLE}: {replica_id}",
+                    "model.config",
+                    str(wrong),
+                    "a config.json vLLM can load",
+                    "point model.config at the model's own config.json",
+                )
+            )
+            continue
+        problems += [
+            Problem(
+                f"{VARIABLE}: {replica_id}",
+                "serving (planner)",
+                error,
+                "a configuration vLLM accepts on this replica's GPUs",
+                "see `gpufleet plan -i INVENTORY`",
+            )
+            for error in outcome.errors
+        ]
+        warnings += [f"{replica_id}: {warning}" for warning in outcome.warnings]
+    return problems, warnings
 
 
 def model_config(fleet: FleetSpec, model: ModelSpec) -> Path | None:

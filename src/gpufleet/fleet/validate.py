@@ -34,7 +34,7 @@ from gpufleet.fleet.schema import (
     gpu_memory_gib,
 )
 from gpufleet.fleet.services import VARIABLE as SERVICES
-from gpufleet.fleet.services import one_model_variables, placement_problems, read_services
+from gpufleet.fleet.services import one_model_variables, read_services, service_problems
 from gpufleet.paths import project_root
 from gpufleet.problems import InventoryError, Problem, merged, without_echoes
 
@@ -121,7 +121,9 @@ def validate(raw: RawInventory) -> Validation:
     pools = has_pools(raw)  # prefill/decode pools (fleet/disagg.py) are planned per pool, not as one
     if result.fleet is not None:
         if result.fleet.services:  # each service's replicas on GPUs of their own (fleet/services.py)
-            result.problems += placement_problems(result.fleet)
+            problems, warnings = service_problems(result.fleet)
+            result.problems += problems
+            result.warnings += warnings
         elif not pools:
             _check_parallelism(result.fleet, result)
         head = next((host for host in nodes if "ray_head" in host.groups), nodes[0])
