@@ -155,3 +155,17 @@ def test_a_replica_vllm_would_refuse_on_its_own_gpus_is_named(make_inventory: In
         "gpufleet_services: a-0",
         "gpufleet_services: a-1",
     ], said
+
+
+def test_a_deploy_of_services_is_refused_before_any_host_is_touched(make_inventory: InventoryFactory) -> None:
+    """Services are placed and planned, not deployed yet: deploy() says so instead of serving the first
+    service the old way."""
+    from gpufleet.problems import InventoryError
+    from gpufleet.runner import deploy
+
+    path = with_services(make_inventory, service("a", replicas=2))
+    with pytest.raises(InventoryError) as refused:
+        deploy(path)
+    assert str(refused.value).startswith(
+        "group gpu_nodes: gpufleet_services: found 1 service(s), 2 replica(s);"
+    )

@@ -113,6 +113,25 @@ def one_model_variables(head: RawHost) -> list[Problem]:
     ]
 
 
+def not_deployable(fleet: FleetSpec) -> list[Problem]:
+    """Services are planned (``gpufleet plan``, ``validate``) but not deployed yet: a deploy of an inventory
+    that lists them is refused before any host is touched, rather than serving its first model the old way."""
+    if not fleet.services:
+        return []
+    replicas = len(place_fleet(fleet).replicas)
+    return [
+        Problem(
+            "group gpu_nodes",
+            VARIABLE,
+            f"{len(fleet.services)} service(s), {replicas} replica(s)",
+            "the one-model form (gpufleet_model_* and vllm_service_*) for a deploy: this release places and "
+            "plans services but does not deploy them yet",
+            "plan with `gpufleet plan -i INVENTORY`; deploy the one-model form of the inventory until "
+            "replicas and the gateway land (docs/gateway.md)",
+        )
+    ]
+
+
 def _expand(hosts: list[Any], groups: Mapping[str, Sequence[str]]) -> list[Any]:
     """Group names among ``hosts`` replaced by their members (in the group's order, once each)."""
     expanded: list[Any] = []
