@@ -28,6 +28,7 @@ class ActionModule(ActionBase):  # type: ignore[misc]
             sources = [sources]
         try:
             from gpufleet.fleet import validate_inventory  # noqa: PLC0415
+            from gpufleet.fleet.services import not_deployable  # noqa: PLC0415
         except ImportError:
             return result | {
                 "failed": True,
@@ -39,6 +40,8 @@ class ActionModule(ActionBase):  # type: ignore[misc]
         for source in sources:
             validation = validate_inventory(Path(source))
             problems += [str(problem) for problem in validation.problems]
+            if validation.fleet is not None and not validation.problems:
+                problems += [str(problem) for problem in not_deployable(validation.fleet)]
             warnings += validation.warnings
         for warning in warnings:
             display.warning(warning)

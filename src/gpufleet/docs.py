@@ -45,6 +45,11 @@ FLEET_VARIABLE_DOCS: dict[str, str] = {
     "gpufleet_cuda_forward_compat": "true when every node has NVIDIA's CUDA forward-compatibility package: "
     "validation then accepts an image whose CUDA is newer than the driver's, on datacenter GPUs only. "
     "Default false.",
+    "gpufleet_services": "The models the fleet serves, each as replicas placed on the nodes' GPUs: a list of "
+    "`{name, model: {repo, revision, dir, config}, replicas: N or auto, hosts: [nodes or groups], serving: "
+    '{vllm_service_* settings without the prefix}}` (README "Services"). Unset: the `gpufleet_model_*` and '
+    "`vllm_service_*` variables are one service with one replica over every GPU. Not yet deployed: "
+    "`gpufleet plan` and `validate` place and plan it.",
     "gpufleet_fast_rerun": "true (the default) lets each role skip its work on a node still as its last "
     "run left it (a recorded digest of the role's inputs and the node state it manages: files, units, image "
     "IDs); false makes every role run every task, and so does GPUFLEET_FAST_RERUN=false in the environment.",
@@ -73,6 +78,7 @@ def variables_section(root: Path) -> str:
             "gpufleet_api_key_file",
             "gpufleet_cuda_forward_compat",
             "gpufleet_fast_rerun",
+            "gpufleet_services",
         )
     ]
     for spec_file in sorted(root.glob("roles/*/meta/argument_specs.yml")):

@@ -11,13 +11,16 @@ import json
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from gpufleet.commands.output import refuse
 from gpufleet.planner import GpuDevice, PlannerInputError, PlanRequest, load_model_config, plan
 from gpufleet.planner.model import BLOCK_SIZES
+
+if TYPE_CHECKING:
+    from gpufleet.fleet.schema import FleetSpec
 
 # Flags that describe the model and its serving settings; -i takes all of them from the inventory.
 REQUIRED_WITH_MODEL = ("gpu_memory_gib", "tensor_parallel_size", "gpu_memory_utilization", "max_model_len")
@@ -104,6 +107,11 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        services = _services_fleet(args) if args.inventory else None
+        if services is not None:  # services: each replica planned on its own GPUs (plan_services.py)
+            from gpufleet.commands.plan_services import run_services  # noqa: PLC0415
+
+            return run_services(*services, as_json=args.json)
         request, caveats = _inventory_request(args) if args.inventory else (_model_request(args), [])
     except UsageError as error:
         return refuse([str(error)], code=2, as_json=args.json, prefix="gpufleet plan: ")
@@ -125,6 +133,29 @@ def run(args: argparse.Namespace) -> int:
 
         plan_report.render(result, Console())
     return 1 if result.errors else 0
+
+
+def _services_fleet(args: argparse.Namespace) -> tuple[FleetSpec, list[str]] | None:
+    """The inventory's fleet and caveats when it lists services (``gpufleet_services``), else None."""
+    path = Path(args.inventory)
+    if args.model or not path.exists():
+        return None  # _inventory_request says what is wrong
+    from gpufleet.fleet import load  # noqa: PLC0415
+    from gpufleet.fleet.compatibility import fleet_vllm_version_warnings  # noqa: PLC0415
+    from gpufleet.problems import InventoryError  # noqa: PLC0415
+
+    fleet = load(path)
+    if fleet.spec is None or not fleet.spec.services:
+        return None
+    given = [_flag(name) for name in MODEL_ONLY if getattr(args, name, None) is not None]
+    if given:
+        raise UsageError(f"-i takes every setting from the inventory; drop {', '.join(given)}")
+    try:
+        spec = fleet.require()
+    except InventoryError as error:
+        raise UnplannableInventoryError(str(error)) from error
+    assert fleet.raw is not None
+    return spec, fleet_vllm_version_warnings(spec, fleet.raw)
 
 
 def _inventory_request(args: argparse.Namespace) -> tuple[PlanRequest, list[str]]:

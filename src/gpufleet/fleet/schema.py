@@ -221,12 +221,35 @@ class ServingSpec(_Frozen):
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
 
+# A service's name: its replicas' instance ids are <name>-<index> (vllm_service_instance_id: 1-32 of
+# [a-z0-9-]).
+SERVICE_NAME = r"^[a-z0-9](?:[a-z0-9-]{0,26}[a-z0-9])?$"
+
+
+class ServiceSpec(_Frozen):
+    """One model the fleet serves, as replicas of one shape (fleet/services.py, ``gpufleet_services``)."""
+
+    name: str = Field(pattern=SERVICE_NAME)  # what clients send as `model` (unless serving names another)
+    model: ModelSpec
+    replicas: int | Literal["auto"] = Field(default=1)
+    hosts: tuple[str, ...] | None = Field(default=None, min_length=1)  # nodes (groups already expanded)
+    serving: ServingSpec = ServingSpec()
+
+    @field_validator("replicas")
+    @classmethod
+    def _at_least_one(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and not 1 <= value <= 1024:
+            raise ValueError("a number of replicas from 1 to 1024, or auto (as many as fit)")
+        return value
+
+
 class FleetSpec(_Frozen):
     """A whole validated inventory."""
 
     nodes: tuple[NodeSpec, ...]
     model: ModelSpec
     serving: ServingSpec
+    services: tuple[ServiceSpec, ...] = ()  # empty: the inventory before services (one model, one instance)
     bundle_dir: Path | None = None
     inventory: Path
 
@@ -294,6 +317,7 @@ FLEET_ONLY_VARIABLES = frozenset(
         "gpufleet_fast_rerun",  # each role may skip its converge on a node still as it left it (default true)
         "gpufleet_grafana_password_file",
         "gpufleet_bundle_signers",  # preflight requires the lock signed by a key this file lists
+        "gpufleet_services",  # the models served, each as replicas (fleet/services.py)
     }
 )
 # Roles that only other roles include, with explicit arguments (the relay: image_distribution and

@@ -33,6 +33,8 @@ from gpufleet.fleet.schema import (
     ServingSpec,
     gpu_memory_gib,
 )
+from gpufleet.fleet.services import VARIABLE as SERVICES
+from gpufleet.fleet.services import one_model_variables, read_services, service_problems
 from gpufleet.paths import project_root
 from gpufleet.problems import InventoryError, Problem, merged, without_echoes
 
@@ -118,7 +120,11 @@ def validate(raw: RawInventory) -> Validation:
     result.fleet = _build_fleet(raw, nodes, result)
     pools = has_pools(raw)  # prefill/decode pools (fleet/disagg.py) are planned per pool, not as one
     if result.fleet is not None:
-        if not pools:
+        if result.fleet.services:  # each service's replicas on GPUs of their own (fleet/services.py)
+            problems, warnings = service_problems(result.fleet)
+            result.problems += problems
+            result.warnings += warnings
+        elif not pools:
             _check_parallelism(result.fleet, result)
         head = next((host for host in nodes if "ray_head" in host.groups), nodes[0])
         compatibility = check_compatibility(result.fleet, head.variables, project_root())
@@ -127,7 +133,7 @@ def validate(raw: RawInventory) -> Validation:
         disagg = check_disagg(raw, head.variables, project_root(), result.fleet, planner_input=plan_request)
         result.problems += disagg.problems
         result.warnings += disagg.warnings
-    if result.fleet is not None and not result.problems and not pools:
+    if result.fleet is not None and not result.problems and not pools and not result.fleet.services:
         _check_plan(result.fleet, result)
     result.problems = without_echoes(merged(result.problems))
     return result
@@ -350,8 +356,18 @@ def _build_node(host: RawHost, result: Validation) -> NodeSpec | None:
 def _build_fleet(raw: RawInventory, hosts: list[RawHost], result: Validation) -> FleetSpec | None:
     nodes = [_build_node(host, result) for host in hosts]
     head = next((host for host in hosts if "ray_head" in host.groups), hosts[0])
-    model = _build(ModelSpec, _section(head, "model"), "model", "group gpu_nodes", result)
-    serving = _build(ServingSpec, _section(head, "serving"), "serving", "group gpu_nodes", result)
+    groups: dict[str, list[str]] = {}
+    for host in hosts:
+        for group in sorted(host.groups):
+            groups.setdefault(group, []).append(host.name)
+    services, problems = read_services(head.variables.get(SERVICES), groups)
+    result.problems += problems
+    if services:  # the services say the model and its serving; the one-model variables would be ignored
+        result.problems += one_model_variables(head)
+        model, serving = services[0].model, services[0].serving
+    else:
+        model = _build(ModelSpec, _section(head, "model"), "model", "group gpu_nodes", result)
+        serving = _build(ServingSpec, _section(head, "serving"), "serving", "group gpu_nodes", result)
     result.problems += _duplicates([node for node in nodes if node is not None])
     bundle = head.variables.get("gpufleet_bundle_dir")
     if bundle is not None and not isinstance(bundle, str):
@@ -373,6 +389,7 @@ def _build_fleet(raw: RawInventory, hosts: list[RawHost], result: Validation) ->
             nodes=tuple(n for n in nodes if n is not None),
             model=model,
             serving=serving,
+            services=services,
             bundle_dir=Path(bundle) if bundle else None,
             inventory=raw.path,
         )

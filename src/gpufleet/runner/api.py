@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gpufleet.fleet.loaded import Endpoint, Fleet, load
+from gpufleet.fleet.services import not_deployable
+from gpufleet.problems import InventoryError
 from gpufleet.runner.adhoc import acquire, clean_hosts, head_marker
 from gpufleet.runner.arguments import RunSpec, run_stages
 from gpufleet.runner.downtime import DowntimeMeter
@@ -76,7 +78,9 @@ def deploy(
     _check_limit(fleet, limit)
     if validate_inventory:
         fleet = fleet.validate()
-        fleet.require()  # the same checks as `gpufleet validate`: InventoryError before any host is touched
+        refused = not_deployable(fleet.require())  # `gpufleet validate`'s checks, then what no deploy does
+        if refused:
+            raise InventoryError(refused)
     started = time.monotonic()
     gated = not check and any(stage in ROLLBACK_AFTER for stage in steps.stages)
     action = "check" if check else "deploy"
