@@ -169,3 +169,15 @@ def test_a_deploy_of_services_is_refused_before_any_host_is_touched(make_invento
     assert str(refused.value).startswith(
         "group gpu_nodes: gpufleet_services: found 1 service(s), 2 replica(s);"
     )
+
+
+def test_services_not_written_as_a_list_of_mappings_get_one_line(make_inventory: InventoryFactory) -> None:
+    assert problems_of(make_inventory(group_vars={**ONE_MODEL, "gpufleet_services": "qwen"})) == [
+        "group gpu_nodes: gpufleet_services: found 'qwen'; expected a list of services, each a mapping with "
+        "name, model and replicas. Fix: write gpufleet_services as a YAML list (see the README's Services "
+        "section)"
+    ]
+    assert problems_of(make_inventory(group_vars={**ONE_MODEL, "gpufleet_services": ["qwen"]})) == [
+        "gpufleet_services[0]: gpufleet_services: found 'qwen'; expected a mapping (name, model, replicas, "
+        "...). Fix: write each service as a mapping"
+    ]

@@ -95,6 +95,7 @@ FLEET_ONLY_SPECS: Mapping[str, Mapping[str, Any]] = {
     "gpufleet_grafana_password_file": {"type": "path"},
     "gpufleet_lab": {"type": "bool"},
     "gpufleet_monitoring": {"type": "bool"},
+    "gpufleet_services": {"type": "raw"},  # fleet/services.py checks it, naming each service and field
 }
 
 

@@ -362,8 +362,10 @@ def _build_fleet(raw: RawInventory, hosts: list[RawHost], result: Validation) ->
             groups.setdefault(group, []).append(host.name)
     services, problems = read_services(head.variables.get(SERVICES), groups)
     result.problems += problems
-    if services:  # the services say the model and its serving; the one-model variables would be ignored
+    if head.variables.get(SERVICES) is not None:  # the services say each model and its serving
         result.problems += one_model_variables(head)
+        if not services:
+            return None  # read_services said why
         model, serving = services[0].model, services[0].serving
     else:
         model = _build(ModelSpec, _section(head, "model"), "model", "group gpu_nodes", result)
