@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 import yaml
 from cancel_support import CANCEL_SECONDS, Canceled, cancel_mid_artifacts, cgroups_available, images_on
-from conftest import REPO, VENV_BIN, RunningLab, ansible_env, installed_env, run_installed
+from conftest import REPO, VENV_BIN, RunningLab, installed_env, run_installed, run_playbook
 from migration_support import (
     INSTANCE_FILES,
     LEGACY_FILES,
@@ -886,16 +886,8 @@ NO_RAY = "gpufleet/vllm-cpu:0.32.0-noray"
 
 
 def playbook(inventory: Path, name: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(REPO / "playbooks" / name), *args],
-        cwd=REPO,
-        env=ansible_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=1200,
-        check=False,
-    )
+    argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(REPO / "playbooks" / name), *args]
+    return run_playbook(argv, timeout=1200)
 
 
 @pytest.fixture(scope="module")

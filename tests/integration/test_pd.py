@@ -19,7 +19,6 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -30,7 +29,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import REPO, VENV_BIN, ansible_env, lab_name, skip_unless_lab_possible
+from conftest import REPO, VENV_BIN, ansible_env, lab_name, run_playbook, skip_unless_lab_possible
 
 from gpufleet.lab import Lab, LabInventory
 from gpufleet.lab.serving_image import DEFAULT_SPEC, ImageSpec, build
@@ -62,16 +61,8 @@ class PdLab:
 
     def playbook(self, playbook: str, *args: str, env: dict[str, str] | None = None) -> str:
         """ansible-playbook against this lab; asserts success and returns the output."""
-        result = subprocess.run(
-            [str(VENV_BIN / "ansible-playbook"), "-i", str(self.hosts_file), str(REPO / playbook), *args],
-            cwd=REPO,
-            env=ansible_env() | (env or {}),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=1800,
-            check=False,
-        )
+        argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(self.hosts_file), str(REPO / playbook), *args]
+        result = run_playbook(argv, timeout=1800, env=ansible_env() | (env or {}))
         log = self.workdir / (re.sub(r"\W", "_", playbook + "_".join(args))[:120] + ".log")
         log.write_text(result.stdout, encoding="utf-8")
         assert result.returncode == 0, f"{playbook} {args} failed (log {log}):\n{result.stdout[-6000:]}"

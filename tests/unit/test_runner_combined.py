@@ -196,3 +196,57 @@ def test_a_whole_deploy_takes_the_fast_path_and_a_partial_one_does_not(tmp_path:
     assert whole[0] == "fleet_check.yml" and whole[1] == "preflight.yml"
     assert whole[whole.index("verify.yml") + 1] == "fleet_record.yml"
     assert "fleet_check.yml" not in imports(WHOLE[1:]) and "fleet_record.yml" not in imports(WHOLE[:-1])
+
+
+# What the failed task said in the CI run of stop 47 (mitogen-hq/mitogen#1314), less the traceback's middle.
+MITOGEN_CRASH = (
+    "Task failed: builtins.AttributeError: 'NoneType' object has no attribute 'protocol'\n"
+    '  File "/check/work/main/.venv/lib/python3.11/site-packages/mitogen/service.py", line 712, in _forward\n'
+    "    child = self.router.context_by_id(stream.protocol.remote_id)\n"
+)
+
+
+def crash_once(marker: Path, *, everywhere: bool = True) -> list[dict[str, Any]]:
+    """A stage whose first run fails as mitogen's crash does (on a, or on both) and whose second passes."""
+    return [
+        {
+            "name": "Crash once",
+            "hosts": "nodes",
+            "gather_facts": False,
+            "tasks": [
+                {"name": "Look", "ansible.builtin.stat": {"path": f"{marker}-{{{{ inventory_hostname }}}}"},
+                 "register": "seen"},
+                {"name": "Mark", "ansible.builtin.file": {"path": f"{marker}-{{{{ inventory_hostname }}}}",
+                                                          "state": "touch"}},
+                {"name": "Crash", "ansible.builtin.fail": {"msg": MITOGEN_CRASH},
+                 "when": "not seen.stat.exists and (inventory_hostname == 'a' or " + str(everywhere) + ")"},
+            ],
+        }
+    ]  # fmt: skip
+
+
+def test_a_stage_failed_only_by_a_known_transport_crash_runs_once_more_with_the_stages_after_it(
+    project: Path,
+) -> None:
+    sink = Sink()
+    made = specs(project, one=OK_STAGE, two=crash_once(project / "seen"), three=PUBLISH)
+    results, facts = run_stages(made, sink, None)
+    assert [(r.name, r.status) for r in results] == [("one", "ok"), ("two", "ok"), ("three", "ok")]
+    assert results[1].retried is not None and "mitogen-hq/mitogen#1314" in results[1].retried
+    assert results[0].retried is None and results[2].retried is None
+    assert facts["gpufleet_endpoint"][1] == "http://a:8000/v1"
+    assert sink.calls.count(("started", "one")) == 1  # the stages before the crash ran once
+    assert sink.calls.count(("started", "two")) == 2
+
+
+def test_a_stage_that_crashes_again_or_also_fails_otherwise_is_reported_as_it_failed(project: Path) -> None:
+    always = [{**crash_once(project / "never")[0], "tasks": [{"name": "Crash", "ansible.builtin.fail":
+                                                               {"msg": MITOGEN_CRASH}}]}]  # fmt: skip
+    results, _ = run_stages(specs(project, one=always, two=OK_STAGE), None, None)
+    assert [(r.name, r.status) for r in results] == [("one", "failed")]
+    assert results[0].retried is not None  # ran twice, crashed twice: reported failed, not run a third time
+
+    mixed = [{**FAIL_ON_A[0], "hosts": "b"}, *crash_once(project / "mixed", everywhere=False)]
+    mixed[0]["tasks"] = [{"name": "Break on b", "ansible.builtin.fail": {"msg": "b is broken"}}]
+    results, _ = run_stages(specs(project, one=mixed, two=OK_STAGE), None, None)
+    assert [(r.name, r.status, r.retried) for r in results] == [("one", "failed", None)]

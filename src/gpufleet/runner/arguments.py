@@ -23,6 +23,7 @@ from typing import Any
 from gpufleet.runner.combined import CombinedRecorder, combined_playbook
 from gpufleet.runner.events import ProgressSink, StageRecorder
 from gpufleet.runner.report import StageResult, StageStatus
+from gpufleet.runner.transport import crashed_stage
 
 # Taken from the caller's environment when set: locale, identity, the SSH agent, proxies for online mode.
 PASSED_ENV = (
@@ -93,6 +94,24 @@ class RunSpec:
 
 
 def run_stages(
+    specs: Sequence[RunSpec],
+    progress: ProgressSink | None,
+    cancel: Callable[[], bool] | None,
+) -> tuple[list[StageResult], Facts]:
+    """Each stage in order until one does not end ok; a stage that failed only through a known crash of the
+    connection layer (:mod:`gpufleet.runner.transport`) runs once more, with the stages after it."""
+    results, facts = _run_stages(specs, progress, cancel)
+    crash = crashed_stage(results)
+    names = [spec.stage for spec in specs]
+    if crash is None or results[-1].name not in names:
+        return results, facts
+    again, more = _run_stages(specs[names.index(results[-1].name) :], progress, cancel)
+    if again:
+        again[0] = again[0].model_copy(update={"retried": crash})
+    return results[:-1] + again, {**facts, **more}
+
+
+def _run_stages(
     specs: Sequence[RunSpec],
     progress: ProgressSink | None,
     cancel: Callable[[], bool] | None,

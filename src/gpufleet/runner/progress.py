@@ -346,6 +346,8 @@ def _details(
         # why a whole deploy did not take the fast path (the fleet check's answer on each node out of sync)
         for why, hosts in _grouped(stage.not_in_sync).items():
             lines.append(Text(f"every stage ran because of {', '.join(hosts)}: {why}"))
+        if stage.retried:
+            lines.append(Text(f"{stage.name} ran twice: its first run failed only through {stage.retried}"))
     if endpoint:
         lines.append(Text(f"endpoint: {endpoint}" + (f" (model {model})" if model else ""), style="bold"))
     if vllm is not None:

@@ -56,6 +56,9 @@ class StageResult(_Frozen):
     # The stage that opened a whole deploy with the fleet check: each node the check found not as the last
     # whole deploy left it, and what differs there (the first difference met), so a slow re-run says why
     not_in_sync: dict[str, str] = {}
+    # The known crash of the connection layer that failed this stage's first run; this is its second
+    # (gpufleet.runner.transport)
+    retried: str | None = None
 
 
 class VerifyResult(_Frozen):

@@ -1,0 +1,41 @@
+"""Known crashes of the connection layer: a stage that failed only through one runs once more.
+
+Mitogen's strategy (the runner's default, :data:`gpufleet.runner.arguments.STRATEGIES`) has an open race,
+mitogen-hq/mitogen#1314: under load a node's mitogen context dies between two tasks (``Latch._get_sleep``
+raises TimeoutError with no timeout set), and the next task on that node fails before it starts, with
+``AttributeError: 'NoneType' object has no attribute 'protocol'`` from ``mitogen/service.py``. The task
+never ran on the node and every stage is idempotent, so running the stage again (from the stage that failed
+on) is what the user would do by hand; the runner does it once and says so in the report
+(``StageResult.retried``). A failure of anything else, or one crash among other failures, is reported as
+it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpufleet.runner.report import StageResult
+
+# (what names the crash in the report, strings that all appear in the failed task's message)
+CRASHES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "mitogen-hq/mitogen#1314 (a node's mitogen context died between two tasks)",
+        ("/mitogen/service.py", "object has no attribute 'protocol'"),
+    ),
+)
+
+
+def transport_crash(text: str) -> str | None:
+    """The crash whose marks are all in ``text`` (a task's message, a playbook's output); None: none."""
+    for name, marks in CRASHES:
+        if all(mark in text for mark in marks):
+            return name
+    return None
+
+
+def crashed_stage(results: Sequence[StageResult]) -> str | None:
+    """The crash that alone failed the last stage of ``results``; None when it failed (or not) otherwise."""
+    if not results or results[-1].status != "failed" or not results[-1].failures:
+        return None
+    crashes = {transport_crash(failure.message) for failure in results[-1].failures}
+    return crashes.pop() if len(crashes) == 1 and None not in crashes else None
