@@ -38,6 +38,8 @@ PY
 "$py312" "$repo/tests/gpu/payload_urls.py" report.json >urls.txt
 rm -rf wh site && mkdir wh
 (cd wh && xargs -n 8 -P 4 curl -sSfL --remote-name-all <../urls.txt)
+# EXTRA (e.g. "vllm-router==0.1.17 orjson" for services_runner.py): more cp312 wheels, without their dependencies
+if [ -n "${EXTRA:-}" ]; then "${pip[@]}" download --no-deps "${plat[@]}" -d wh $EXTRA; fi
 "$py312" -m pip install -q --no-index --no-deps --no-compile --target site wh/*.whl
 unzip -q -o vwheel/vllm-0.24.0-*.whl -d site
 # Not needed on an H200 (FA3 is used), or not for this Python.
