@@ -4,7 +4,8 @@
 # per call; each call appends what it carries to /root/stash.
 #   tests/gpu/services_device_run.sh stash   store the carried part(s) and stop
 #   tests/gpu/services_device_run.sh setup   also unpack the payload and build the model dir
-#   tests/gpu/services_device_run.sh run     also run services_runner.py on .gpu/services (services_render.sh)
+#   tests/gpu/services_device_run.sh run [PHASE...]  also run services_runner.py on .gpu/services
+#                                                    (services_render.sh), every phase or those named
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 out=${OUT:-/tmp/out}
@@ -37,4 +38,5 @@ cd "$repo"
 export PYTHONPATH=/root/site HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 python3 -c "import vllm, torch, vllm_router, vllm_router_rs; print('vllm', vllm.__version__, 'torch', torch.__version__, 'vllm_router', vllm_router.__version__)"
 [ "${1:-}" = run ] || exit 0
-python3 tests/gpu/services_runner.py "$repo/.gpu/services" "$out"
+shift
+python3 tests/gpu/services_runner.py "$repo/.gpu/services" "$out" "$@"

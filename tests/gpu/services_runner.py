@@ -16,7 +16,7 @@ OUT/services.json:
 5. failover: steady load (4 streams) through the router, ``kill -9`` of r1's whole process group after 5 s:
    failed requests, when the last one failed, how the rest split; then r1 restarted and its share again.
 
-Usage: python3 services_runner.py RENDERED_DIR OUT_DIR
+Usage: python3 services_runner.py RENDERED_DIR OUT_DIR [PHASE ...] (default: every phase; start first)
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ VLLM = "import sys; sys.argv[0] = 'vllm'; from vllm.entrypoints.cli.main import 
 ROUTER = "import sys; sys.argv[0] = 'vllm-router'; from vllm_router.launch_router import main; main()"
 READY_LIMIT = 300
 ROUTER_PORT = 8000
+POLICIES = ("cache_aware", "power_of_two", "round_robin")
 REPLICAS = ("r0", "r1")
 WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta",
          "iota", "kappa", "lambda", "mu", "nu", "xi", "omicron", "pi")  # fmt: skip
@@ -276,7 +277,7 @@ class Bench:
         (~1,200 tokens), 10 questions each, 4 at a time; then 20 sequential chats with distinct prompts. The
         prefix-cache hit rate is vLLM's own (both replicas' vllm:prefix_cache_hits / queries, in tokens)."""
         self.figures["policies"] = {}
-        for port, policy in enumerate(("round_robin", "cache_aware", "power_of_two"), start=ROUTER_PORT + 1):
+        for port, policy in enumerate(POLICIES, start=ROUTER_PORT + 1):
             argv = [
                 sys.executable, "-c", ROUTER, "--host", "127.0.0.1", "--port", str(port),
                 "--worker-urls", *self.bases.values(), "--policy", policy,
@@ -288,14 +289,18 @@ class Bench:
             router = f"http://127.0.0.1:{port}"
             if wait_ready(router, self.key, self.procs[policy], 60) is None:
                 raise RuntimeError(f"router with --policy {policy} did not start")
-            figures = self.shared_prefix(router)
+            figures = self.shared_prefix(router, salt=policy)
             shown = {k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()}
             self.say(f"policy {policy}:", shown)
             self.figures["policies"][policy] = figures  # type: ignore[index]
             kill_group(self.procs.pop(policy), signal.SIGTERM)
 
-    def shared_prefix(self, router: str) -> dict[str, object]:
-        users = [" ".join(f"{WORDS[(u * 7 + i) % len(WORDS)]}{u}" for i in range(1200)) for u in range(8)]
+    def shared_prefix(self, router: str, salt: str) -> dict[str, object]:
+        """Each policy gets prompts of its own (``salt`` first), so none finds another's prefixes cached."""
+        users = [
+            salt + " " + " ".join(f"{WORDS[(u * 7 + i) % len(WORDS)]}{u}" for i in range(1200))
+            for u in range(8)
+        ]
 
         def ask(job: tuple[int, int]) -> tuple[int, float]:
             user, question = job
@@ -363,17 +368,10 @@ def main() -> None:
         bases={r: f"http://{c['host']}:{c['port']}" for r, c in configs.items()},
     )
     bench.say("GPU before:", gpu_used())
+    phases = sys.argv[3:] or ["start", "routing", "latency", "throughput", "failover", "rejoin", "policies"]
     try:
-        for phase in (
-            bench.start,
-            bench.routing,
-            bench.latency,
-            bench.throughput,
-            bench.failover,
-            bench.rejoin,
-            bench.policies,
-        ):
-            phase()
+        for phase in phases:
+            getattr(bench, phase)()
     except Exception as e:  # the summary says what broke; the logs follow
         bench.say("FAILED:", repr(e)[:500])
         bench.figures["error"] = repr(e)[:500]
