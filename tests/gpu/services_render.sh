@@ -1,6 +1,6 @@
 #!/bin/bash
 # Render two replicas of one service (instances r0 and r1, ports 8101 and 8102) on one node with the role's
-# templates (render.yml) into .gpu/services/r0 and .gpu/services/r1, the folder services_device_run.sh reads.
+# templates (render.yml) into .gpu/services/r0 and .gpu/services/r1, the folder `device_run.sh services` reads.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 out=$repo/.gpu/services

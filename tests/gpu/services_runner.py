@@ -38,6 +38,7 @@ from pathlib import Path
 from subprocess import Popen
 
 import yaml
+from mp_runner import env_file, say  # same folder: the script's own path is on sys.path
 
 VLLM = "import sys; sys.argv[0] = 'vllm'; from vllm.entrypoints.cli.main import main; main()"
 ROUTER = "import sys; sys.argv[0] = 'vllm-router'; from vllm_router.launch_router import main; main()"
@@ -48,18 +49,6 @@ REPLICAS = ("r0", "r1")
 WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta",
          "iota", "kappa", "lambda", "mu", "nu", "xi", "omicron", "pi")  # fmt: skip
 LOG_KEYS = ("KV cache", "Maximum concurrency", "Model loading took", "init engine", "Error", "Traceback")
-
-
-def say(out: Path, *parts: object) -> None:
-    line = " ".join(str(p) for p in parts)
-    print(line, flush=True)
-    with (out / "summary.txt").open("a", encoding="utf-8") as f:
-        f.write(line + "\n")
-
-
-def env_file(path: Path) -> dict[str, str]:
-    pairs = (line.split("=", 1) for line in path.read_text(encoding="utf-8").splitlines() if "=" in line)
-    return {k: v for k, v in pairs if not k.startswith("#")}
 
 
 def http(url: str, key: str | None, body: dict | None = None, timeout: float = 60) -> tuple[int, str]:

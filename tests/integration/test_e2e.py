@@ -37,6 +37,7 @@ import pytest
 import yaml
 from cancel_support import CANCEL_SECONDS, Canceled, cancel_mid_artifacts, cgroups_available, images_on
 from conftest import REPO, VENV_BIN, RunningLab, installed_env, run_installed, run_playbook
+from gateway_support import ROUTER_SHA256, router_wheel
 from migration_support import (
     INSTANCE_FILES,
     LEGACY_FILES,
@@ -47,7 +48,7 @@ from migration_support import (
 )
 from tests.monitoring_assets import ALERT_NAMES, dashboards, metric_names, panel_queries, render_rules
 
-from gpufleet.lab.demo import api_key_file, chat, lab_plan, route_to_bridge
+from gpufleet.lab.demo import PROMPT, api_key_file, chat, lab_plan, route_to_bridge
 from gpufleet.lab.net import outbound_drops
 from gpufleet.lab.upgrade import BROKEN_MESSAGE, BROKEN_SUFFIX, UPGRADE_SUFFIX, image_id, make_images
 from gpufleet.runner import STAGES, DeployReport, deploy, status, teardown
@@ -624,6 +625,100 @@ def test_a_killed_server_leaves_no_orphan_and_the_restarted_one_is_alone(
     assert after["unit_active"] and set(after["service"]).isdisjoint(before["service"]), (before, after)
     servers = lab.ssh(head.name, ["pgrep", "-f", "/vllm serve --config"]).stdout.split()
     assert len(servers) == 1 and int(servers[0]) in after["service"], (servers, after["service"])
+
+
+# ----- the gateway's routers (issue 35): vllm-router per service on the head, in front of the deployed vLLM
+
+ROUTER_PORT = 8200
+# On the head: lab.demo.chat through the router on loopback (the key on stdin: never in an argv or a log)
+CHAT_ON_HEAD = """
+import json, sys, urllib.error, urllib.request
+args = json.load(sys.stdin)
+headers = {"Content-Type": "application/json"}
+if args["key"]:
+    headers["Authorization"] = "Bearer " + args["key"]
+messages = [{"role": "user", "content": args["prompt"]}]
+body = {"model": "tiny", "messages": messages, "max_tokens": 16, "temperature": 0}
+request = urllib.request.Request(args["url"], data=json.dumps(body).encode(), headers=headers)
+try:
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        print(json.dumps([answer.status, json.load(answer)["choices"][0]["message"]["content"]]))
+except urllib.error.HTTPError as error:
+    print(json.dumps([error.code, ""]))
+except OSError as error:
+    print(json.dumps([0, str(error)]))
+"""
+
+
+def chat_on_head(lab: RunningLab, key: str | None, port: int = ROUTER_PORT) -> tuple[int, str]:
+    head = lab.inventory.hosts[0]
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    request = json.dumps({"key": key, "url": url, "prompt": PROMPT})  # the prompt of lab.demo.chat
+    done = lab.lab.ssh(head.name, ["python3", "-c", CHAT_ON_HEAD], stdin=request, timeout=120)
+    assert done.returncode == 0, done.stderr
+    status, content = json.loads(done.stdout)
+    return int(status), str(content)
+
+
+def gateway_vars(tmp_path: Path, services: list[dict[str, Any]]) -> str:
+    wheel = router_wheel()
+    extra = tmp_path / f"gateway-{len(services)}.json"
+    variables = {
+        "gateway_services": services,
+        "gateway_router_wheel": str(wheel),
+        "gateway_router_sha256": ROUTER_SHA256,
+    }
+    extra.write_text(json.dumps(variables), encoding="utf-8")
+    return f"@{extra}"
+
+
+def test_the_gateway_routes_to_vllm_with_the_key_restarts_and_is_removed(
+    lab: RunningLab, deployment: Deployment, tmp_path: Path
+) -> None:
+    """The gateway role on the head with one service whose worker is the deployed vLLM: check mode changes
+    nothing; the router answers on loopback with vLLM's answer, refuses no key (vLLM's 401: the header is
+    forwarded); a second run changes nothing; kill -9 of the router is restarted by systemd; the port answers
+    nothing off the head; a run without the service removes it."""
+    head = lab.inventory.hosts[0]
+    unit = "gpufleet-router@tiny.service"
+    services = [
+        {"name": "tiny", "port": ROUTER_PORT, "metrics_port": 29200, "workers": [f"http://{head.ip}:8000"]}
+    ]
+    listed = gateway_vars(tmp_path, services)
+
+    checked = playbook(deployment.inventory, "gateway.yml", "-e", listed, "--check")
+    assert checked.returncode == 0, checked.stdout[-3000:]
+    assert lab.ssh(head.name, ["test", "-e", "/etc/gpufleet/gateway"]).returncode != 0, (
+        "check mode wrote files"
+    )
+
+    first = playbook(deployment.inventory, "gateway.yml", "-e", listed)
+    assert first.returncode == 0, first.stdout[-4000:]
+    direct_status, direct = chat(f"http://{head.ip}:8000/v1", deployment.key, "tiny")
+    assert chat_on_head(lab, deployment.key) == (200, direct["choices"][0]["message"]["content"])
+    assert direct_status == 200
+    assert chat_on_head(lab, None)[0] == 401
+    assert deployment.key not in first.stdout
+
+    second = playbook(deployment.inventory, "gateway.yml", "-e", listed)
+    assert second.returncode == 0 and re.search(r"changed=0\s", second.stdout), second.stdout[-3000:]
+
+    with pytest.raises(OSError):  # the router binds loopback on the head only
+        socket.create_connection((head.ip, ROUTER_PORT), timeout=5).close()
+
+    (pid,) = lab.ssh(head.name, ["systemctl", "show", "-P", "MainPID", unit]).stdout.split()
+    assert lab.ssh(head.name, ["kill", "-KILL", pid]).returncode == 0
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and chat_on_head(lab, deployment.key)[0] != 200:
+        time.sleep(1)
+    assert chat_on_head(lab, deployment.key)[0] == 200, "the router did not answer within 60 s of kill -9"
+    (again,) = lab.ssh(head.name, ["systemctl", "show", "-P", "MainPID", unit]).stdout.split()
+    assert again not in ("0", pid)
+
+    removed = playbook(deployment.inventory, "gateway.yml", "-e", gateway_vars(tmp_path, []))
+    assert removed.returncode == 0, removed.stdout[-3000:]
+    assert lab.ssh(head.name, ["systemctl", "is-active", unit]).stdout.strip() != "active"
+    assert lab.ssh(head.name, ["test", "-e", "/etc/gpufleet/gateway/tiny.json"]).returncode != 0
 
 
 # ----- upgrades and rollback (issue 14): a second tag of the lab image, then a broken one, then back
