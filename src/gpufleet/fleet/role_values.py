@@ -64,6 +64,8 @@ RANGES: tuple[tuple[str, Range], ...] = (
     (r".*_(gib|gb)", Range(0, None, "GiB")),
     (r"vllm_service_(max_model_len|max_num_batched_tokens)", Range(1, None, "tokens")),
     (r"vllm_service_max_num_seqs", Range(1, None, "sequences")),
+    (r"gateway_health_check_interval", Range(1, None, "seconds")),
+    (r"gateway_health_failure_threshold", Range(1, None, "failed checks")),
 )
 # Strings that name things on the node (a directory, a systemd unit instance): the whole value must match.
 PATTERNS: Mapping[str, tuple[str, str]] = {
