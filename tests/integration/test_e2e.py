@@ -37,7 +37,6 @@ import pytest
 import yaml
 from cancel_support import CANCEL_SECONDS, Canceled, cancel_mid_artifacts, cgroups_available, images_on
 from conftest import REPO, VENV_BIN, RunningLab, installed_env, run_installed, run_playbook
-from gateway_support import ROUTER_SHA256, router_wheel
 from migration_support import (
     INSTANCE_FILES,
     LEGACY_FILES,
@@ -660,31 +659,34 @@ def chat_on_head(lab: RunningLab, key: str | None, port: int = ROUTER_PORT) -> t
     return int(status), str(content)
 
 
-def gateway_vars(tmp_path: Path, services: list[dict[str, Any]]) -> str:
-    wheel = router_wheel()
-    extra = tmp_path / f"gateway-{len(services)}.json"
-    variables = {
-        "gateway_services": services,
-        "gateway_router_wheel": str(wheel),
-        "gateway_router_sha256": ROUTER_SHA256,
-    }
-    extra.write_text(json.dumps(variables), encoding="utf-8")
+def gateway_vars(tmp_path: Path, services: list[dict[str, Any]], **more: str) -> str:
+    extra = tmp_path / f"gateway-{len(services)}-{len(more)}.json"
+    extra.write_text(json.dumps({"gateway_services": services, **more}), encoding="utf-8")
     return f"@{extra}"
 
 
 def test_the_gateway_routes_to_vllm_with_the_key_restarts_and_is_removed(
     lab: RunningLab, deployment: Deployment, tmp_path: Path
 ) -> None:
-    """The gateway role on the head with one service whose worker is the deployed vLLM: check mode changes
-    nothing; the router answers on loopback with vLLM's answer, refuses no key (vLLM's 401: the header is
-    forwarded); a second run changes nothing; kill -9 of the router is restarted by systemd; the port answers
-    nothing off the head; a run without the service removes it."""
+    """The gateway role on the head, one service whose worker is the deployed vLLM, the router's wheel from
+    the bundle: check mode changes nothing; the router answers on loopback with vLLM's answer, refuses no
+    key (vLLM's 401: the header is forwarded); a second run, given the same wheel off the bundle, changes
+    nothing; kill -9 of the router is restarted by systemd; the port answers nothing off the head; a run
+    without the service removes it."""
     head = lab.inventory.hosts[0]
     unit = "gpufleet-router@tiny.service"
     services = [
         {"name": "tiny", "port": ROUTER_PORT, "metrics_port": 29200, "workers": [f"http://{head.ip}:8000"]}
     ]
-    listed = gateway_vars(tmp_path, services)
+    listed = gateway_vars(tmp_path, services, gpufleet_bundle_dir=str(deployment.bundle))
+    lock = yaml.safe_load((deployment.bundle / "bundle.lock.yml").read_text(encoding="utf-8"))
+    (wheel,) = [entry for entry in lock["files"] if entry["path"].startswith("gateway/")]
+    explicit = gateway_vars(
+        tmp_path,
+        services,
+        gateway_router_wheel=str(deployment.bundle / wheel["path"]),
+        gateway_router_sha256=wheel["sha256"],
+    )
 
     checked = playbook(deployment.inventory, "gateway.yml", "-e", listed, "--check")
     assert checked.returncode == 0, checked.stdout[-3000:]
@@ -700,7 +702,7 @@ def test_the_gateway_routes_to_vllm_with_the_key_restarts_and_is_removed(
     assert chat_on_head(lab, None)[0] == 401
     assert deployment.key not in first.stdout
 
-    second = playbook(deployment.inventory, "gateway.yml", "-e", listed)
+    second = playbook(deployment.inventory, "gateway.yml", "-e", explicit)
     assert second.returncode == 0 and re.search(r"changed=0\s", second.stdout), second.stdout[-3000:]
 
     with pytest.raises(OSError):  # the router binds loopback on the head only

@@ -300,3 +300,23 @@ def test_docker_binaries_are_executables_not_same_named_config_files(tmp_path: P
     cli.chmod(0o755)
 
     assert find_binaries(tmp_path, DOCKER_BINARIES) == {"docker": b"\x7fELF docker cli"}
+
+
+def test_the_gateways_router_wheel_lands_under_gateway_with_its_version(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    """The manifest's gateway: section (roles/gateway reads the wheel from the lock under gateway/)."""
+    wheel = tmp_path / "src" / "files" / "vllm_router-0.1.17-cp38-abi3-manylinux_2_28_x86_64.whl"
+    wheel.parent.mkdir(parents=True)
+    wheel.write_bytes(b"a wheel stand-in\n" * 64)
+    source = {"kind": "file", "path": f"files/{wheel.name}", "sha256": sha256_file(wheel)}
+    extra = {"gateway": {"router": {"version": "0.1.17", "source": source}}}
+    out = tmp_path / "bundle"
+    build(write_manifest(tmp_path / "src", tiny_model, extra), out)
+    lock = yaml.safe_load((out / LOCK_NAME).read_text())
+    (entry,) = [entry for entry in lock["files"] if entry["path"].startswith("gateway/")]
+    assert (entry["path"], entry["version"], entry["sha256"]) == (
+        f"gateway/{wheel.name}",
+        "0.1.17",
+        source["sha256"],
+    )

@@ -313,6 +313,7 @@ def test_the_roles_that_take_bundle_files_read_the_lock_through_the_plugin() -> 
     expected = {
         "cuda_toolkit",
         "docker",
+        "gateway",
         "image_distribution",
         "model_fetch",
         "monitoring",

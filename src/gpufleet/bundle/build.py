@@ -146,6 +146,15 @@ def _monitoring_units(manifest: Manifest) -> Iterator[Unit]:
             yield Unit(name, path, release.version, _source_text(source), _get_file(source))
 
 
+def _gateway_units(manifest: Manifest) -> Iterator[Unit]:
+    if (gateway := manifest.gateway) is None:
+        return
+    router = gateway.router
+    yield Unit(
+        "router", router.bundle_path(), router.version, _source_text(router.source), _get_file(router.source)
+    )
+
+
 def _nvidia_units(manifest: Manifest) -> Iterator[Unit]:
     if (toolkit := manifest.nvidia_container_toolkit) is not None:
         folder = f"nvidia_container_toolkit/{toolkit.version}"
@@ -245,6 +254,7 @@ def units(manifest: Manifest, notes: list[str] | None = None) -> list[Unit]:
         *(_image_unit(image) for image in manifest.images),
         *([_model_unit(manifest.model)] if manifest.model else []),
         *_monitoring_units(manifest),
+        *_gateway_units(manifest),
         *_wheel_units(manifest, notes),
     ]
 

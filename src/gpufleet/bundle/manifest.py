@@ -257,6 +257,20 @@ class MonitoringArtifacts(_Model):
     node_exporter: ReleaseArtifact
 
 
+class RouterArtifact(_Model):
+    """vllm-router's wheel for the gateway host (roles/gateway runs its files with the host's Python)."""
+
+    version: Version
+    source: FileSources
+
+    def bundle_path(self) -> str:
+        return f"gateway/{self.source.file_name()}"
+
+
+class GatewayArtifacts(_Model):
+    router: RouterArtifact
+
+
 class WheelsArtifact(_Model):
     pip: PipSource | None = None
     files: list[FileSources] = Field(default_factory=list)
@@ -272,6 +286,7 @@ class Manifest(_Model):
     images: list[ImageArtifact] = Field(default_factory=list)
     model: ModelArtifact | None = None
     monitoring: MonitoringArtifacts | None = None
+    gateway: GatewayArtifacts | None = None
     wheels: WheelsArtifact | None = None
 
     @field_validator("images")
