@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Run one vllm-router from its unpacked wheel: ``gpufleet-router CONFIG.json`` (the gateway role's launcher).
 
 CONFIG names the wheel's directory (``path``) and the router's command-line arguments (``args``). Only the
