@@ -44,7 +44,7 @@ VLLM = "import sys; sys.argv[0] = 'vllm'; from vllm.entrypoints.cli.main import 
 ROUTER = "import sys; sys.argv[0] = 'vllm-router'; from vllm_router.launch_router import main; main()"
 READY_LIMIT = 300
 ROUTER_PORT = 8000
-POLICIES = ("cache_aware", "power_of_two", "round_robin")
+POLICIES = tuple(os.environ.get("POLICIES", "cache_aware power_of_two round_robin").split())  # run order
 REPLICAS = ("r0", "r1")
 WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta",
          "iota", "kappa", "lambda", "mu", "nu", "xi", "omicron", "pi")  # fmt: skip
