@@ -110,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
         "output_tokens": tokens,
         "wall_s": round(wall, 2),
         "output_tok_per_s": round(tokens / wall, 1),
-        "latency_p50_s": round(statistics.median(latencies), 3),
-        "latency_p95_s": round(percentile(latencies, 0.95), 3),
+        "latency_p50_s": round(statistics.median(latencies), 4),
+        "latency_p95_s": round(percentile(latencies, 0.95), 4),
+        "latency_p99_s": round(percentile(latencies, 0.99), 4),
     }
     if firsts:
         report |= {
