@@ -34,7 +34,7 @@ from gpufleet.fleet.schema import (
     gpu_memory_gib,
 )
 from gpufleet.fleet.services import VARIABLE as SERVICES
-from gpufleet.fleet.services import one_model_variables, read_services, service_problems
+from gpufleet.fleet.services import model_config, one_model_variables, read_services, service_problems
 from gpufleet.paths import project_root
 from gpufleet.problems import InventoryError, Problem, merged, without_echoes
 
@@ -510,14 +510,7 @@ def node_gpu_memory(fleet: FleetSpec) -> list[tuple[str, float]]:
 
 def model_config_path(fleet: FleetSpec) -> Path | None:
     """The model's config.json on the control node (relative paths are relative to the inventory)."""
-    config = fleet.model.config
-    if config is None and fleet.bundle_dir is not None:
-        config = fleet.bundle_dir / "models" / fleet.model.repo / "config.json"
-    if config is None:
-        return None
-    if not config.is_absolute():
-        config = fleet.inventory_dir / config
-    return config
+    return model_config(fleet, fleet.model)
 
 
 def plan_request(fleet: FleetSpec) -> tuple[PlanRequest | None, list[Problem]]:
