@@ -671,8 +671,8 @@ def test_the_gateway_routes_to_vllm_with_the_key_restarts_and_is_removed(
     """The gateway role on the head, one service whose worker is the deployed vLLM, the router's wheel from
     the bundle: check mode changes nothing; the router answers on loopback with vLLM's answer, refuses no
     key (vLLM's 401: the header is forwarded); a second run, given the same wheel off the bundle, changes
-    nothing; kill -9 of the router is restarted by systemd; the port answers nothing off the head; a run
-    without the service removes it."""
+    nothing; `status` shows the router and its healthy worker; kill -9 of the router is restarted by systemd;
+    the port answers nothing off the head; a run without the service removes it."""
     head = lab.inventory.hosts[0]
     unit = "gpufleet-router@tiny.service"
     services = [
@@ -701,6 +701,11 @@ def test_the_gateway_routes_to_vllm_with_the_key_restarts_and_is_removed(
     assert direct_status == 200
     assert chat_on_head(lab, None)[0] == 401
     assert deployment.key not in first.stdout
+    seen = status(deployment.inventory)  # the router's own view of its worker, through playbooks/status.yml
+    assert [(r.service, r.port, r.active, r.workers, r.healthy) for r in seen.gateway] == [
+        ("tiny", ROUTER_PORT, "active", (f"http://{head.ip}:8000",), (f"http://{head.ip}:8000",))
+    ], seen.gateway
+    assert seen.ok, seen.problems
 
     second = playbook(deployment.inventory, "gateway.yml", "-e", explicit)
     assert second.returncode == 0 and re.search(r"changed=0\s", second.stdout), second.stdout[-3000:]

@@ -188,3 +188,54 @@ def test_a_report_without_the_details_still_reads() -> None:
 
     assert (report.ray_nodes_missing, report.nodes, report.vllm_facts_stale) == ((), (), False)
     assert report.problems == []
+
+
+# ----- the gateway's routers (issue 35, operations): the router's own view of each worker -----------------
+
+WORKERS = ["http://10.0.0.1:8101", "http://10.0.0.2:8101"]
+
+
+def router(**changes: Any) -> dict[str, Any]:
+    """A router as the gateway role's facts.yml publishes it."""
+    return {"service": "qwen", "port": 30080, "active": "active", "workers": WORKERS, "healthy": WORKERS,
+            "answered": True} | changes  # fmt: skip
+
+
+def test_the_gateways_routers_are_shown_with_their_view_of_each_worker(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    report = run_status(monkeypatch, tmp_path, healthy_facts() | {"gpufleet_gateway": [router()]})
+
+    assert report.ok and report.problems == []
+    assert [(r.service, r.healthy) for r in report.gateway] == [("qwen", tuple(WORKERS))]
+    assert "gateway qwen (port 30080): router active, 2 of 2 workers healthy" in shown(report)
+
+
+@pytest.mark.parametrize(
+    ("changes", "line"),
+    [
+        ({"healthy": WORKERS[:1]}, f"gateway qwen: degraded, the router finds unhealthy: {WORKERS[1]}"),
+        ({"healthy": []}, f"gateway qwen: down, the router finds unhealthy: {', '.join(WORKERS)}"),
+        (
+            {"active": "failed", "answered": False},
+            "gateway qwen: its router is not running (systemd: failed)",
+        ),
+        ({"answered": False}, "gateway qwen: its router's metrics did not answer"),
+    ],
+)
+def test_a_router_down_or_a_worker_it_took_out_makes_status_not_healthy(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, changes: dict[str, Any], line: str
+) -> None:
+    report = run_status(monkeypatch, tmp_path, healthy_facts() | {"gpufleet_gateway": [router(**changes)]})
+
+    assert not report.ok
+    assert report.problems == [line]
+    assert line in shown(report) and "not healthy" in shown(report)
+
+
+def test_a_fleet_without_a_gateway_or_with_a_malformed_entry_reads_as_none(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    assert run_status(monkeypatch, tmp_path, healthy_facts()).gateway == ()
+    odd = healthy_facts() | {"gpufleet_gateway": [{"port": "x"}, "text", router()]}
+    assert [r.service for r in run_status(monkeypatch, tmp_path, odd).gateway] == ["qwen"]

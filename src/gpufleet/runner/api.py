@@ -205,6 +205,7 @@ def status(
         nodes=facts.nodes,
         vllm_facts_stale=not ready and facts.vllm is not None,
         load=facts.service_load if ready else None,
+        gateway=facts.gateway,
     )
     # Missing Ray nodes, a node's problems, nodes that run different images or model commits (version
     # skew): every line of report.problems makes the service not healthy.

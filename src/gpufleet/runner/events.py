@@ -27,6 +27,7 @@ PUBLISHED_FACTS = frozenset(
         "gpufleet_nodes",
         "gpufleet_verify",
         "gpufleet_service_load",
+        "gpufleet_gateway",
         "gpufleet_monitoring_endpoints",
         "gpufleet_rollback",
     }

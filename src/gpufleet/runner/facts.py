@@ -24,6 +24,8 @@ value set by any host in the run:
 - ``gpufleet_service_load``: what vLLM does now (status): ``source: prometheus`` with ``results``, Prometheus'
   answer to each query of :data:`gpufleet.runner.service_load.PROMQL`; or ``source: metrics`` with ``first``
   and ``second``, the needed lines of two reads of /metrics ``seconds`` apart; or nothing.
+- ``gpufleet_gateway``: the gateway's routers on the head (status), a list of mappings with the fields of
+  :class:`gpufleet.runner.report.RouterState` (the gateway role's ``gateway_report``); empty without one.
 - ``gpufleet_monitoring_endpoints``: ``prometheus`` and ``grafana`` URLs and ``targets_up`` (monitoring).
 - ``gpufleet_rollback``: ``revision`` (the restored revision, the fields of
   :class:`gpufleet.runner.report.KeptRevision`), ``restarted`` and ``restored`` (per host, the lines of what
@@ -49,6 +51,7 @@ from gpufleet.runner.report import (
     MonitoringEndpoints,
     NodeState,
     OrphanProcess,
+    RouterState,
     ServiceLoad,
     VerifyResult,
 )
@@ -92,6 +95,7 @@ class PublishedFacts(_Frozen):
     service_load: ServiceLoad | None = None
     monitoring: MonitoringEndpoints | None = None
     rollback: RolledBack | None = None
+    gateway: tuple[RouterState, ...] = ()
 
     @classmethod
     def read(cls, facts: Facts) -> PublishedFacts:
@@ -114,6 +118,7 @@ class PublishedFacts(_Frozen):
             service_load=_service_load(_mapping(values, "gpufleet_service_load") or {}),
             monitoring=_monitoring(_mapping(values, "gpufleet_monitoring_endpoints") or {}),
             rollback=_rolled_back(_mapping(values, "gpufleet_rollback")),
+            gateway=_routers(values.get("gpufleet_gateway")),
         )
 
 
@@ -165,6 +170,17 @@ def _missing_nodes(value: object) -> tuple[MissingNode, ...]:
         for e in entries
         if isinstance(e, Mapping) and e.get("host")
     )
+
+
+def _routers(value: object) -> tuple[RouterState, ...]:
+    entries = value if isinstance(value, list) else []
+    routers = []
+    for entry in entries:
+        try:
+            routers.append(RouterState.model_validate(entry))
+        except ValidationError:
+            continue  # a router whose entry is not as contracted is left out, as every fact is
+    return tuple(routers)
 
 
 def _service_load(published: Mapping[str, Any]) -> ServiceLoad | None:

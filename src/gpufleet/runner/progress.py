@@ -294,6 +294,11 @@ def print_status_report(console: Console, report: StatusReport) -> None:
                 f"config {node.config_sha256[:12]}" if node.config_sha256 else "",
             ]
             console.print(f"{node.host}: " + ", ".join(part for part in runs if part), highlight=False)
+    for router in report.gateway:
+        healthy = sum(1 for worker in router.workers if worker in router.healthy)
+        seen = f"{healthy} of {len(router.workers)} workers healthy" if router.answered else "no metrics"
+        line = f"gateway {router.service} (port {router.port}): router {router.active}, {seen}"
+        console.print(line, highlight=False)
     stale = report.vllm_facts_stale
     console.print(_details((report.stage,), report.endpoint, report.served_model, report.vllm, stale=stale))
     for line in report.problems:

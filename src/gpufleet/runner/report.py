@@ -224,6 +224,31 @@ class NodeState(_Published):
         return said
 
 
+class RouterState(_Published):
+    """One service's router on the gateway host (the gateway role's facts): whether systemd runs it, its
+    workers, and the ones the router itself finds healthy (``answered``: its metrics could be read)."""
+
+    service: str
+    port: int | None = None
+    active: str = "unknown"
+    workers: tuple[str, ...] = ()
+    healthy: tuple[str, ...] = ()
+    answered: bool = False
+
+    @property
+    def problems(self) -> list[str]:
+        """The router down, or workers it has taken out (empty when it routes to every worker)."""
+        if self.active != "active":
+            return [f"gateway {self.service}: its router is not running (systemd: {self.active})"]
+        if not self.answered:
+            return [f"gateway {self.service}: its router's metrics did not answer"]
+        out = [worker for worker in self.workers if worker not in self.healthy]
+        if not out:
+            return []
+        state = "down" if len(out) == len(self.workers) else "degraded"
+        return [f"gateway {self.service}: {state}, the router finds unhealthy: {', '.join(out)}"]
+
+
 class ServiceLoad(_Frozen):
     """What vLLM is doing now (gpufleet.runner.service_load): from Prometheus over ``window``, or from two
     reads of /metrics ``window`` apart. None = not reported (no such metric, no request in the window)."""
@@ -261,12 +286,15 @@ class StatusReport(_Frozen):
     nodes: tuple[NodeState, ...] = ()
     vllm_facts_stale: bool = False
     load: ServiceLoad | None = None
+    gateway: tuple[RouterState, ...] = ()
 
     @property
     def problems(self) -> list[str]:
-        """One line per missing Ray node and per problem of a node (empty when nothing is wrong)."""
+        """One line per missing Ray node, per problem of a node and per router that is down or has taken a
+        worker out (empty when nothing is wrong)."""
         said = [f"Ray does not report {m.host}: {m.why}" for m in self.ray_nodes_missing]
         said += [line for node in self.nodes for line in node.problems]
+        said += [line for router in self.gateway for line in router.problems]
         for what in ("image_id", "model_revision"):
             runs = {node.host: getattr(node, what) for node in self.nodes if getattr(node, what)}
             if len(set(runs.values())) > 1:
