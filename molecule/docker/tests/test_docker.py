@@ -1,5 +1,9 @@
 """Testinfra checks for the docker scenario: static binaries, units, daemon.json, a live daemon that
-loads an image archive and runs a container without any registry."""
+loads an image archive and runs a container without any registry.
+
+The nvidia_container_toolkit scenario runs them too (its molecule.yml: verifier additional_files_or_dirs), on
+a host whose docker role also registered the nvidia runtime as the default; that scenario's own checks assert
+the runtime's keys, these the rest."""
 
 from __future__ import annotations
 
@@ -24,6 +28,9 @@ BINARIES = (
 )
 IMAGE_ARCHIVE = "/root/gpufleet-test-busybox.tar"
 IMAGE = "gpufleet-test/busybox:1"
+# In the nvidia_container_toolkit scenario, the docker role was asked for the nvidia runtime (as the default).
+NVIDIA_RUNTIME = os.environ.get("MOLECULE_SCENARIO_NAME") == "nvidia_container_toolkit"
+RUNTIME_KEYS = {"runtimes", "default-runtime"}
 
 
 def expected_version() -> str:
@@ -65,7 +72,8 @@ def test_docker_starts_after_containerd_and_the_network(host: Any) -> None:
 
 def test_daemon_json_holds_the_scenario_settings(host: Any) -> None:
     config = json.loads(host.file("/etc/docker/daemon.json").content_string)
-    assert config == {
+    assert RUNTIME_KEYS & config.keys() == (RUNTIME_KEYS if NVIDIA_RUNTIME else set()), config
+    assert {key: value for key, value in config.items() if key not in RUNTIME_KEYS} == {
         "bip": "172.31.255.1/24",
         "data-root": "/var/lib/docker",
         "default-address-pools": [{"base": "172.30.0.0/16", "size": 24}],
@@ -82,7 +90,7 @@ def test_docker_reports_the_installed_version(host: Any) -> None:
 def test_docker_uses_overlay2_and_runc(host: Any) -> None:
     info = docker_info(host)
     assert info["Driver"] == "overlay2"
-    assert info["DefaultRuntime"] == "runc"
+    assert info["DefaultRuntime"] == ("nvidia" if NVIDIA_RUNTIME else "runc")
 
 
 def test_docker_bridge_uses_the_configured_address(host: Any) -> None:
