@@ -12,9 +12,10 @@ pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 SCENARIOS = [
     "preflight",
-    # heavy (issue 33): the nvidia_container_toolkit scenario converges the docker role too (as nodes.yml does)
-    # with this scenario's settings, checks and idempotence, and runs this scenario's testinfra checks; what
-    # differs here is two hosts and daemon.json without the nvidia runtime (the lab end-to-end deploys that).
+    # heavy (issue 33): the nvidia_container_toolkit scenario converges the docker role too (as nodes.yml
+    # does) with this scenario's settings, check and idempotence, and runs this scenario's testinfra checks;
+    # what differs here is two hosts and daemon.json without the nvidia runtime (the lab end-to-end deploys
+    # that).
     pytest.param("docker", marks=pytest.mark.heavy),
     "nvidia_container_toolkit",
     # 1.9 GB of Debian's CUDA 12.4 packages installed from an offline repository: `make test-all`.
