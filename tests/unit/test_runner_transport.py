@@ -12,6 +12,9 @@ PROTOCOL = (
 )
 # Stop 46's CI: the control node's context died while it started
 BOOTSTRAP = "Task failed: EOF on stream; last 100 lines received:\nMITO000\n"
+# A rehearsal (2026-12-03): the head's context shut down while the serve stage's gate waited on it, after
+# ansible_mitogen's "ContextService().put(...): refcount was 0. shutdown_all called?" (#1314's warning)
+DISCONNECTED = "Task failed: the respondent Context has disconnected"
 
 
 def stage(*messages: str, status: str = "failed") -> StageResult:
@@ -21,9 +24,10 @@ def stage(*messages: str, status: str = "failed") -> StageResult:
     return StageResult(name="serve", status=status, seconds=1.0, failures=failures)  # type: ignore[arg-type]
 
 
-def test_both_crashes_ci_saw_are_known_and_named() -> None:
+def test_the_crashes_ci_and_rehearsals_saw_are_known_and_named() -> None:
     assert "mitogen#1314" in (transport_crash(PROTOCOL) or "")
     assert "bootstrap" in (transport_crash(BOOTSTRAP) or "")
+    assert "mitogen#1314" in (transport_crash(DISCONNECTED) or "")
 
 
 def test_other_failures_are_not_crashes() -> None:
@@ -40,6 +44,7 @@ def test_a_stage_is_crashed_only_when_every_failure_is_the_same_crash() -> None:
     assert crashed_stage([stage(PROTOCOL, PROTOCOL)]) is not None
     assert crashed_stage([stage(PROTOCOL, "node2 is broken")]) is None
     assert crashed_stage([stage(PROTOCOL, BOOTSTRAP)]) is None
+    assert crashed_stage([stage(DISCONNECTED)]) is not None
     assert crashed_stage([stage(PROTOCOL, status="timeout")]) is None
     assert crashed_stage([stage()]) is None  # failed before any task (syntax): no failure to read
     assert crashed_stage([]) is None

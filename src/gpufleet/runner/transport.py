@@ -6,8 +6,10 @@ raises TimeoutError with no timeout set), and the next task on that node fails b
 ``AttributeError: 'NoneType' object has no attribute 'protocol'`` from ``mitogen/service.py``. The task
 never ran on the node and every stage is idempotent, so running the stage again (from the stage that failed
 on) is what the user would do by hand; the runner does it once and says so in the report
-(``StageResult.retried``). The same for a mitogen context that died while it started (stop 46's CI). A
-failure of anything else, or one crash among other failures, is reported as it is.
+(``StageResult.retried``). The same for a mitogen context that died while it started (stop 46's CI), and
+for one shut down while a task ran on it (a rehearsal: the serve stage's wait for vLLM, right after #1314's
+warning "ContextService().put(...): refcount was 0"; the task only waited; the stage run again waits again).
+A failure of anything else, or one crash among other failures, is reported as it is.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ CRASHES: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "mitogen's bootstrap (a mitogen context died while it started: EOF on stream after MITO000)",
         ("EOF on stream; last 100 lines received", "MITO000"),
+    ),
+    # mitogen.core.Router.respondent_disconnect_msg: the context a task ran in went away before it answered
+    (
+        "mitogen-hq/mitogen#1314 (a node's mitogen context shut down while a task ran on it)",
+        ("the respondent Context has disconnected",),
     ),
 )
 
