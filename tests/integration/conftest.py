@@ -232,6 +232,18 @@ def own_lab() -> Iterator[list[Lab]]:
 MOLECULE_ACTIONS = ("check", "converge", "idempotence", "verify", "destroy")
 
 
+FAILURE_MARKS = re.compile(r"^(?:fatal:|failed:|ERROR!|Traceback|.*FAILED!)", re.MULTILINE)
+
+
+def what_failed(out: str, most: int = 3, lines: int = 30) -> str:
+    """The first ``most`` failures in an Ansible/Molecule output, ``lines`` lines each, for an assertion's
+    message: a failure early in a long run (CI's stop 48: a failed destroy) is not in the output's tail."""
+    found = []
+    for match in list(FAILURE_MARKS.finditer(out))[:most]:
+        found.append("\n".join(out[match.start() :].splitlines()[:lines]))
+    return "".join(f"--- failure {n} of the output ---\n{text}\n" for n, text in enumerate(found, 1))
+
+
 def run_molecule(scenario: str, extra_env: dict[str, str] | None = None, timeout: int = 1800) -> str:
     """``molecule test -s SCENARIO`` on a lab owned by this pytest process; returns Molecule's output.
 
@@ -254,7 +266,7 @@ def run_molecule(scenario: str, extra_env: dict[str, str] | None = None, timeout
         check=False,
     )
     out = result.stdout
-    tail = out[-8000:]
+    tail = what_failed(out) + out[-8000:]
     assert result.returncode == 0, tail
     step = rf"{re.escape(scenario)} (?:➜|>) "  # "➜" on a terminal, ">" elsewhere
     actions = [*MOLECULE_ACTIONS, *(["prepare"] if re.search(step + r"prepare\]?:? Executing", out) else [])]

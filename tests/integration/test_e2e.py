@@ -125,6 +125,7 @@ def deployment(
         )
         dropped = outbound_drops(lab.inventory.name) - before
         print(f"e2e: first deploy {first.seconds:.0f} s, second {second.seconds:.0f} s; dropped {dropped}")
+        print("e2e: first deploy's stages: " + ", ".join(f"{s.name} {s.seconds:.0f} s" for s in first.stages))
         yield Deployment(inventory, lab_bundle, first, second, dropped, canceled)
     finally:  # the next module needs the hosts, not the deleted layers of this one's images (issue 33)
         lab.lab.reset(wait=False)

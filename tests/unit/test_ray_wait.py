@@ -35,39 +35,42 @@ def tasks() -> dict[str, dict[str, Any]]:
     return {task["name"]: task for task in block["block"] + block["rescue"]}
 
 
-def evaluate(tmp_path: Path, registered: dict[str, Any], **expressions: str) -> dict[str, Any]:
-    """Each named expression templated by ansible-playbook with ``__ray_cluster_status = registered`` and
-    wait.yml's own block and rescue variables."""
+def evaluate_all(
+    folder: Path, cases: dict[str, tuple[dict[str, Any], dict[str, str]]]
+) -> dict[str, dict[str, Any]]:
+    """Per case, each named expression templated by ansible-playbook with ``__ray_cluster_status`` = the
+    case's registered result and wait.yml's own block and rescue variables: every case in one run (one
+    task each, the registered result as the task's own variable), not one ansible-playbook per case."""
     rescue = tasks()["Read the start of the Ray log of each missing node (its unit's latest run)"]
-    fields = ", ".join(f"'{name}': ({expression})" for name, expression in expressions.items())
-    out = tmp_path / "said.json"
+    play_tasks = []
+    for case, (registered, expressions) in cases.items():
+        fields = ", ".join(f"'{name}': ({expression})" for name, expression in expressions.items())
+        play_tasks.append(
+            {
+                "name": f"Write what each expression gives: {case}",
+                "vars": {"__ray_cluster_status": registered},
+                "ansible.builtin.copy": {
+                    "content": "{{ {" + fields + "} | to_json }}",
+                    "dest": str(folder / f"{case}.json"),
+                },
+            }
+        )
     play = [
         {
             "name": "Evaluate wait.yml's expressions",
             "hosts": "localhost",
             "gather_facts": False,
-            "vars": {
-                "__ray_cluster_status": registered,
-                "__ray_cluster_expected": EXPECTED,
-                **wait_block()["vars"],
-                **rescue["vars"],
-            },
-            "tasks": [
-                {
-                    "name": "Write what each expression gives",
-                    "ansible.builtin.copy": {"content": "{{ {" + fields + "} | to_json }}", "dest": str(out)},
-                }
-            ],
+            "vars": {"__ray_cluster_expected": EXPECTED, **wait_block()["vars"], **rescue["vars"]},
+            "tasks": play_tasks,
         }
     ]
-    playbook = tmp_path / "evaluate.yml"
+    playbook = folder / "evaluate.yml"
     playbook.write_text(yaml.safe_dump(play, width=1000), encoding="utf-8")
     run = ansible_playbook(
         "-i", "localhost,", "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}", str(playbook)
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-    said: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
-    return said
+    return {case: json.loads((folder / f"{case}.json").read_text(encoding="utf-8")) for case in cases}
 
 
 def registered(rc: int, stdout: str, stderr: str = "") -> dict[str, Any]:
@@ -86,64 +89,74 @@ def until() -> str:
     return " ".join(tasks()["Ask Ray, in the head's container, which nodes are alive"]["until"].split())
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("rc", "stdout", "done"),
-    [
-        (0, "", False),  # the probe printed nothing: wait and ask again (raised before)
-        (0, "a warning on stdout\n" + json.dumps(ANSWER), True),  # raised before: not JSON at line 1
-        (0, json.dumps(ANSWER | {"missing": [EXPECTED[1] | {"why": "not registered"}]}), False),
-        (0, "{'a Python dict': 'printed by something else'}\n{\"cut off", False),  # not the probe's line
-        (1, "", False),
-    ],
-)
-def test_the_wait_reads_the_last_json_line(tmp_path: Path, rc: int, stdout: str, done: bool) -> None:
-    said = evaluate(tmp_path, registered(rc, stdout), until=until())
-    assert said["until"] is done
+LAST_LINE = [
+    (0, "", False),  # the probe printed nothing: wait and ask again (raised before)
+    (0, "a warning on stdout\n" + json.dumps(ANSWER), True),  # raised before: not JSON at line 1
+    (0, json.dumps(ANSWER | {"missing": [EXPECTED[1] | {"why": "not registered"}]}), False),
+    (0, "{'a Python dict': 'printed by something else'}\n{\"cut off", False),  # not the probe's line
+    (1, "", False),
+]
+OWN_REASONS = ANSWER | {
+    "missing": [EXPECTED[1] | {"why": "not registered with Ray under its gpufleet_node_ip"}]
+}
 
 
-@pytest.mark.slow
-def test_the_alive_nodes_come_from_the_answer_after_other_output(tmp_path: Path) -> None:
+def cases() -> dict[str, tuple[dict[str, Any], dict[str, str]]]:
+    """Every test's registered result and expressions, by name: templated together (evaluate_all)."""
     record = tasks()["Record the cluster as Ray reports it"]["ansible.builtin.set_fact"][
         "ray_cluster_alive_nodes"
     ]
-    said = evaluate(
-        tmp_path,
-        registered(0, "2026-11-27 WARNING something\n" + json.dumps(ANSWER)),
-        alive=record.strip().removeprefix("{{").removesuffix("}}"),
-    )
-    assert said["alive"] == ANSWER["alive"]
+    missing = {"missing": "__ray_cluster_missing"}
+    return {
+        **{
+            f"last-line-{n}": (registered(rc, stdout), {"until": until()})
+            for n, (rc, stdout, _) in enumerate(LAST_LINE)
+        },
+        "alive": (
+            registered(0, "2026-11-27 WARNING something\n" + json.dumps(ANSWER)),
+            {"alive": record.strip().removeprefix("{{").removesuffix("}}")},
+        ),
+        "silent": (registered(1, "", "Error response from daemon: container is restarting"), missing),
+        "no-answer": (registered(0, "", ""), missing),
+        "own-reasons": (registered(0, "a warning\n" + json.dumps(OWN_REASONS)), missing),
+    }
+
+
+@pytest.fixture(scope="module")
+def said(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    return evaluate_all(tmp_path_factory.mktemp("ray-wait"), cases())
 
 
 @pytest.mark.slow
-def test_a_silent_probe_names_every_node_with_what_docker_exec_said(tmp_path: Path) -> None:
-    said = evaluate(
-        tmp_path,
-        registered(1, "", "Error response from daemon: container is restarting"),
-        missing="__ray_cluster_missing",
-    )
-    assert [entry["host"] for entry in said["missing"]] == ["node1", "node2"]
+@pytest.mark.parametrize("case", range(len(LAST_LINE)))
+def test_the_wait_reads_the_last_json_line(said: dict[str, dict[str, Any]], case: int) -> None:
+    assert said[f"last-line-{case}"]["until"] is LAST_LINE[case][2], LAST_LINE[case]
+
+
+@pytest.mark.slow
+def test_the_alive_nodes_come_from_the_answer_after_other_output(said: dict[str, dict[str, Any]]) -> None:
+    assert said["alive"]["alive"] == ANSWER["alive"]
+
+
+@pytest.mark.slow
+def test_a_silent_probe_names_every_node_with_what_docker_exec_said(said: dict[str, dict[str, Any]]) -> None:
+    missing = said["silent"]["missing"]
+    assert [entry["host"] for entry in missing] == ["node1", "node2"]
     assert all(
         entry["why"] == "the probe gave no answer (docker exec rc=1: Error response from daemon: "
         "container is restarting)"
-        for entry in said["missing"]
-    ), said["missing"]
+        for entry in missing
+    ), missing
 
 
 @pytest.mark.slow
-def test_a_probe_that_exits_0_without_an_answer_says_so(tmp_path: Path) -> None:
-    said = evaluate(tmp_path, registered(0, "", ""), missing="__ray_cluster_missing")
-    assert {entry["why"] for entry in said["missing"]} == {
+def test_a_probe_that_exits_0_without_an_answer_says_so(said: dict[str, dict[str, Any]]) -> None:
+    missing = said["no-answer"]["missing"]
+    assert {entry["why"] for entry in missing} == {
         "the probe gave no answer (docker exec rc=0: no output)"
-    }, said["missing"]
+    }, missing
 
 
 @pytest.mark.slow
-def test_the_probe_s_own_reasons_are_kept_when_it_answered(tmp_path: Path) -> None:
-    answer = ANSWER | {
-        "missing": [EXPECTED[1] | {"why": "not registered with Ray under its gpufleet_node_ip"}]
-    }
-    said = evaluate(
-        tmp_path, registered(0, "a warning\n" + json.dumps(answer)), missing="__ray_cluster_missing"
-    )
-    assert said["missing"] == answer["missing"]
+def test_the_probe_s_own_reasons_are_kept_when_it_answered(said: dict[str, dict[str, Any]]) -> None:
+    assert said["own-reasons"]["missing"] == OWN_REASONS["missing"]

@@ -209,7 +209,11 @@ def processes(spec: HostSpec) -> set[int]:
     return pids
 
 
-def kill(spec: HostSpec, timeout: float = 10) -> None:
+KILL_TIMEOUT = 60.0  # seconds; a killed process in uninterruptible I/O (a busy disk) exits only when it ends
+CGROUP_BUSY_TIMEOUT = 30.0  # seconds; a cgroup stays busy until its last task has exited and been reaped
+
+
+def kill(spec: HostSpec, timeout: float = KILL_TIMEOUT) -> None:
     """SIGKILL everything in the host's cgroups; freezing first means nothing forks away meanwhile."""
     freezer = next((Path(d) for d in spec.cgroups if (Path(d) / "freezer.state").exists()), None)
     deadline = time.monotonic() + timeout
@@ -252,9 +256,10 @@ def _unmount(path: Path) -> None:
     run(["umount", "--lazy", str(path)])
 
 
-def _remove_cgroup_tree(top: Path) -> None:
+def _remove_cgroup_tree(top: Path, timeout: float = CGROUP_BUSY_TIMEOUT) -> None:
     """rmdir the cgroup and its children, deepest first (busy for a moment while its last task exits)."""
-    for _ in range(50):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         if not top.is_dir():
             return
         children = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
@@ -267,5 +272,6 @@ def _remove_cgroup_tree(top: Path) -> None:
             time.sleep(0.1)
     if top.is_dir():
         raise LabError(
-            f"lab: cgroup {top}: still busy after 5 s. Fix: look at {top}/cgroup.procs, then down again."
+            f"lab: cgroup {top}: still busy after {timeout:.0f} s. Fix: look at {top}/cgroup.procs, then down"
+            " again."
         )
