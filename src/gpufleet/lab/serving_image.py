@@ -208,6 +208,20 @@ def chroot_script(root: Path, script: str, binds: dict[Path, str], step: str) ->
     )
 
 
+# What serving imports, not only the packages' tops: an `exclude:` that drops a dependency the server imports
+# at start fails the build here, not a deploy (the API server, the engine, the CPU worker, both executors).
+IMPORT_CHECK = (
+    "vllm",
+    "ray",
+    "torch",
+    "vllm.entrypoints.openai.api_server",
+    "vllm.v1.engine.core",
+    "vllm.v1.worker.cpu_worker",
+    "vllm.v1.executor.multiproc_executor",
+    "vllm.v1.executor.ray_executor",
+)
+
+
 def install_venv(spec: ImageSpec, base: Path, house: Path, work: Path) -> None:
     """Copy the base root file system, then install the wheel set into a venv inside it."""
     run(["cp", "-a", f"{base}/.", str(work)], "copy base root file system")
@@ -217,7 +231,7 @@ def install_venv(spec: ImageSpec, base: Path, house: Path, work: Path) -> None:
     )
     chroot_script(work, script, {house: "/wheels"}, "pip install (chroot)")
     alias_vllm_metadata(work / spec.venv.lstrip("/"))
-    chroot_script(work, f"{spec.venv}/bin/python -c 'import vllm, ray, torch'", {}, "import check")
+    chroot_script(work, f"{spec.venv}/bin/python -c 'import {', '.join(IMPORT_CHECK)}'", {}, "import check")
     os.rmdir(work / "wheels")
 
 
