@@ -10,6 +10,11 @@ wall seconds, and the CPU seconds spent inside the host (dockerd, its untar help
 compressed archive is made once on this machine (gzip -1) before the timings. zstd is not a variant: Debian's
 docker 20.10 refuses a zstd archive ("archive/tar: invalid tar header"), and the lab hosts have no zstd to
 pipe it through. The lab goes down at the end, even on failure.
+
+    sudo .venv/bin/python benchmarks/image_load.py --archive OLD.tar --archive NEW.tar [--repeat 3]
+
+compares images instead (issue 33: the lab image less numba, llvmlite and opencv): each archive, plain, from a
+file, interleaved, the same way.
 """
 
 from __future__ import annotations
@@ -37,6 +42,19 @@ VARIANTS = {
     "plain archive, streamed on stdin": f"cat {PLACE}/image.tar | docker load",
     "gzip -1 archive, from a file (dockerd decompresses)": f"docker load --input {PLACE}/image.tar.gz",
 }
+
+
+def place_images(lab: Lab, archives: list[Path]) -> tuple[dict[str, str], dict[str, int]]:
+    """Each archive in the host's root file system as image-N.tar; a variant per archive, and their sizes."""
+    target = lab.state().hosts[0].workdir / "root" / PLACE.lstrip("/")
+    target.mkdir(parents=True, exist_ok=True)
+    variants, sizes = {}, {}
+    for number, archive in enumerate(archives):
+        name = f"image-{number}.tar"
+        shutil.copyfile(archive, target / name)
+        variants[f"{archive.name}, plain, from a file"] = f"docker load --input {PLACE}/{name}"
+        sizes[archive.name] = archive.stat().st_size
+    return variants, sizes
 
 
 def place_archives(lab: Lab, bundle: Path) -> dict[str, int]:
@@ -91,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="bench-load", help="lab name (default: %(default)s)")
     parser.add_argument("--repeat", type=int, default=2, help="runs of each variant (default: 2)")
     parser.add_argument("--markdown", type=Path, help="also write the results as a Markdown report here")
+    parser.add_argument("--archive", type=Path, action="append", help="compare these image archives instead")
     args = parser.parse_args(argv)
     bundle = DIST / "lab-bundle"
     lab = Lab(args.name, nodes=1, offline=True)
@@ -99,8 +118,9 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "cpus": os.cpu_count(),
         "load_at_start": [round(x, 1) for x in os.getloadavg()],
-        "variants": {name: [] for name in VARIANTS},
+        "variants": {},
     }
+    variants = VARIANTS
     try:
         inventory = lab.up()
         route_to_bridge(lab, inventory)
@@ -109,9 +129,13 @@ def main(argv: list[str] | None = None) -> int:
             print(report, file=sys.stderr)
             return 1
         results["docker"] = lab.ssh("node1", "docker version --format '{{.Server.Version}}'").stdout.strip()
-        results["sizes"] = place_archives(lab, bundle)
+        if args.archive:
+            variants, results["sizes"] = place_images(lab, args.archive)
+        else:
+            results["sizes"] = place_archives(lab, bundle)
+        results["variants"] = {name: [] for name in variants}
         for _ in range(args.repeat):
-            for name, command in VARIANTS.items():
+            for name, command in variants.items():
                 results["variants"][name].append(time_variant(lab, command))
                 print(name, results["variants"][name][-1], file=sys.stderr, flush=True)
     finally:
