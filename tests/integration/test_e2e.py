@@ -45,6 +45,7 @@ from migration_support import (
     previous_release,
     serve_with,
 )
+from services_support import LAB_SERVING, REQUESTS_ON_HEAD, TINY, procs, served_requests, services_inventory
 from tests.monitoring_assets import ALERT_NAMES, dashboards, metric_names, panel_queries, render_rules
 
 from gpufleet.lab.demo import PROMPT, api_key_file, chat, lab_plan, route_to_bridge
@@ -713,6 +714,85 @@ def test_the_gateway_routes_to_vllm_with_the_key_restarts_and_is_removed(
     assert removed.returncode == 0, removed.stdout[-3000:]
     assert lab.ssh(head.name, ["systemctl", "is-active", unit]).stdout.strip() != "active"
     assert lab.ssh(head.name, ["test", "-e", "/etc/gpufleet/gateway/tiny.json"]).returncode != 0
+
+
+# ----- services (issue 35): each replica the planner placed is its own instance, behind a router per service
+
+LAB_SERVICES = [
+    {"name": "tiny", "model": TINY, "replicas": 3, "serving": LAB_SERVING},  # one replica per host
+    {"name": "tiny-chat", "model": TINY, "replicas": 1, "hosts": ["ray_head"], "serving": LAB_SERVING},
+]
+
+
+def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_service(
+    lab: RunningLab, deployment: Deployment, tmp_path: Path
+) -> None:
+    """serve.yml and gateway.yml on an inventory of the lab's hosts that lists two services: each replica the
+    planner placed runs as its own unit and port on its node (node1 holds tiny-0, tiny-chat-0 and the
+    deployment's own instance in one container); both services answer by name through their routers, and 60
+    requests to tiny reach each of its 3 replicas at least 10 times (round robin); no key gets a 401; a second
+    run changes nothing; stopping one replica leaves the other instances of its container running, and no
+    instance counts another's processes as its orphans."""
+    inventory = services_inventory(
+        deployment.inventory, tmp_path / "services", LAB_SERVICES, api_key_file(deployment.inventory)
+    )
+    head, *_ = hosts = lab.inventory.hosts
+    placed = {"tiny-0": (hosts[0], 8100), "tiny-1": (hosts[1], 8100), "tiny-2": (hosts[2], 8100)}
+    placed["tiny-chat-0"] = (head, 8101)
+    try:
+        served = playbook(inventory, "serve.yml")
+        assert served.returncode == 0, served.stdout[-4000:]
+        assert deployment.key not in served.stdout
+        routed = playbook(inventory, "gateway.yml", "-e", f"gpufleet_bundle_dir={deployment.bundle}")
+        assert routed.returncode == 0, routed.stdout[-4000:]
+        for instance, (host, port) in placed.items():
+            unit = f"gpufleet-vllm@{instance}.service"
+            assert lab.ssh(host.name, ["systemctl", "is-active", unit]).stdout.strip() == "active", unit
+            assert (
+                f"port: {port}"
+                in lab.ssh(host.name, ["cat", f"/etc/gpufleet/instances/{instance}/vllm.yaml"]).stdout
+            )
+
+        urls = {instance: f"http://{host.ip}:{port}" for instance, (host, port) in placed.items()}
+        before = {instance: served_requests(url) for instance, url in urls.items()}
+        statuses = requests_on_head(lab, deployment.key, "tiny", ROUTER_PORT, 60)
+        assert statuses == [200] * 60, statuses
+        counted = {instance: served_requests(url) - before[instance] for instance, url in urls.items()}
+        assert counted["tiny-chat-0"] == 0 and sum(counted.values()) == 60, counted
+        assert min(counted[f"tiny-{index}"] for index in range(3)) >= 10, counted
+        assert requests_on_head(lab, deployment.key, "tiny-chat", ROUTER_PORT + 1, 2) == [200, 200]
+        assert served_requests(urls["tiny-chat-0"]) - before["tiny-chat-0"] == 2
+        assert requests_on_head(lab, None, "tiny", ROUTER_PORT, 1) == [401]
+
+        again = playbook(inventory, "serve.yml")
+        assert again.returncode == 0 and re.search(r"changed=0\s", again.stdout), again.stdout[-3000:]
+
+        shared = ["tiny-0", "tiny-chat-0", "default"]  # node1's container runs all three
+        seen = {instance: procs(lab, head.name, instance) for instance in shared}
+        assert all(seen[i]["service"] and not seen[i]["orphans"] for i in shared), seen
+        assert lab.ssh(head.name, ["systemctl", "stop", "gpufleet-vllm@tiny-chat-0.service"]).returncode == 0
+        after = {instance: procs(lab, head.name, instance) for instance in ("tiny-0", "default")}
+        assert {i: after[i]["service"] for i in after} == {i: seen[i]["service"] for i in after}, (
+            seen,
+            after,
+        )
+        assert requests_on_head(lab, deployment.key, "tiny", ROUTER_PORT, 3) == [200] * 3
+    finally:
+        playbook(inventory, "gateway.yml", "-e", "gateway_services=[]")
+        for instance, (host, _) in placed.items():
+            unit = f"gpufleet-vllm@{instance}.service"
+            lab.ssh(host.name, ["systemctl", "disable", "--now", unit])
+            lab.ssh(host.name, ["rm", "-rf", f"/etc/gpufleet/instances/{instance}"])
+
+
+def requests_on_head(lab: RunningLab, key: str | None, model: str, port: int, count: int) -> list[int]:
+    head = lab.inventory.hosts[0]
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    request = json.dumps({"key": key, "url": url, "model": model, "count": count})
+    done = lab.lab.ssh(head.name, ["python3", "-c", REQUESTS_ON_HEAD], stdin=request, timeout=600)
+    assert done.returncode == 0, done.stderr
+    statuses: list[int] = json.loads(done.stdout)
+    return statuses
 
 
 # ----- upgrades and rollback (issue 14): a second tag of the lab image, then a broken one, then back

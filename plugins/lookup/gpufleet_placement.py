@@ -1,0 +1,139 @@
+"""Lookup plugin ``gpufleet_placement``: the replicas of the inventory's services, as the planner places them.
+
+``gpufleet plan`` prints the placement; the playbooks read the same one through this lookup (design.md,
+"Serving topology"), so plain ``ansible-playbook`` and the CLI agree: ``playbooks/serve.yml`` runs each
+replica placed on a node, ``playbooks/gateway.yml`` puts a router in front of each service's replicas.
+"""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: gpufleet_placement
+author: gpufleet maintainers (@gpufleet)
+short_description: The replicas of the inventory's services (gpufleet_services), placed on the nodes' GPUs
+description:
+  - Reads the run's inventory (C(ansible_inventory_sources)) with gpufleet's typed loader and places every
+    replica of every service in C(gpufleet_services) (C(gpufleet.planner.placement)), as C(gpufleet plan)
+    shows it.
+  - C(replicas) (the default term) gives one entry per replica; C(gateway) gives one entry per service in the
+    form the gateway role's C(gateway_services) takes, its workers the replicas' URLs on the cluster network.
+  - An inventory without C(gpufleet_services) (one model, one instance) gives an empty list for both.
+options:
+  _terms:
+    description: C(replicas) or C(gateway).
+    type: list
+    elements: str
+    required: false
+  first_port:
+    description: The port of the first service's router on the gateway host; the next services take the next.
+    type: int
+    default: 8200
+  first_metrics_port:
+    description: The Prometheus port of the first service's router; the next services take the next.
+    type: int
+    default: 29200
+notes:
+  - Runs on the control node. The gpufleet Python package must be importable by the Python that runs
+    ansible-playbook.
+"""
+
+EXAMPLES = r"""
+- name: Serve the replicas placed on this node
+  ansible.builtin.include_role:
+    name: vllm_service
+  vars:
+    vllm_service_instance_id: "{{ replica.id }}"
+  loop: "{{ lookup('gpufleet_placement', 'replicas') | selectattr('node', 'eq', inventory_hostname) }}"
+  loop_control:
+    loop_var: replica
+"""
+
+RETURN = r"""
+_raw:
+  description: >-
+    For C(replicas): id, service, name (what clients send as model), node, nodes, gpus, port, url,
+    executor, model (repo, revision, dir) and serving (the vllm_service_* settings, less the prefix).
+    For C(gateway): name, port, metrics_port and workers.
+  type: list
+  elements: dict
+"""
+
+from pathlib import Path
+from typing import Any
+
+from ansible.errors import AnsibleError
+from ansible.plugins.lookup import LookupBase
+
+WHAT = ("replicas", "gateway")
+
+
+class LookupModule(LookupBase):  # type: ignore[misc]
+    def run(self, terms: list[Any], variables: dict[str, Any] | None = None, **kwargs: Any) -> list[Any]:
+        self.set_options(var_options=variables, direct=kwargs)
+        what = str(terms[0]) if terms else "replicas"
+        if what not in WHAT:
+            raise AnsibleError(f"gpufleet_placement: found {what!r}; expected one of {', '.join(WHAT)}")
+        try:
+            from gpufleet.fleet.loaded import load  # noqa: PLC0415
+            from gpufleet.fleet.services import place_fleet  # noqa: PLC0415
+            from gpufleet.planner.placement import PlacementError  # noqa: PLC0415
+        except ImportError as exc:
+            raise AnsibleError(
+                "the gpufleet Python package is not importable by this ansible-playbook's Python; install it "
+                "into the same environment (pip install -e . in the gpufleet checkout)"
+            ) from exc
+        sources = (variables or {}).get("ansible_inventory_sources") or []
+        replicas: list[dict[str, Any]] = []
+        for source in [sources] if isinstance(sources, str) else sources:
+            fleet = load(Path(str(source)))
+            if fleet.spec is None:
+                raise AnsibleError(
+                    f"gpufleet_placement: the inventory {source} is not valid:\n"
+                    + "\n".join(str(problem) for problem in fleet.problems)
+                )
+            if not fleet.spec.services:
+                continue
+            try:
+                placement = place_fleet(fleet.spec)
+            except PlacementError as error:
+                raise AnsibleError(f"gpufleet_placement: {error}") from error
+            services = {service.name: service for service in fleet.spec.services}
+            addresses = {node.name: str(node.node_ip) for node in fleet.spec.nodes}
+            for replica in placement.replicas:
+                service = services[replica.service]
+                replicas.append(
+                    {
+                        "id": replica.id,
+                        "service": replica.service,
+                        "name": service.serving.served_model_name or service.name,
+                        "node": replica.node,
+                        "nodes": [member.node for member in replica.members],
+                        "gpus": list(replica.members[0].gpus),
+                        "port": replica.port,
+                        "url": f"http://{addresses[replica.node]}:{replica.port}",
+                        "executor": replica.executor,
+                        "model": service.model.model_dump(mode="json", exclude={"config"}),
+                        "serving": service.serving.model_dump(
+                            mode="json", exclude={"served_model_name", "port"}
+                        ),
+                    }
+                )
+        if what == "replicas":
+            return replicas
+        return self._gateway(replicas)
+
+    def _gateway(self, replicas: list[dict[str, Any]]) -> list[Any]:
+        first_port, first_metrics = (
+            int(self.get_option("first_port")),
+            int(self.get_option("first_metrics_port")),
+        )
+        names = list(dict.fromkeys(replica["name"] for replica in replicas))
+        return [
+            {
+                "name": name,
+                "port": first_port + index,
+                "metrics_port": first_metrics + index,
+                "workers": [replica["url"] for replica in replicas if replica["name"] == name],
+            }
+            for index, name in enumerate(names)
+        ]

@@ -1,0 +1,97 @@
+"""The lookup gpufleet_placement: the playbooks (serve.yml, gateway.yml) read the placement `gpufleet plan`
+shows, through the same typed loader; an inventory without services has no replicas to run one by one."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from ansible.errors import AnsibleError
+from ansible.plugins.loader import lookup_loader
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def lookup(what: str, inventory: Path, **options: Any) -> list[Any]:
+    lookup_loader.add_directory(str(REPO / "plugins/lookup"))  # as ansible.cfg's lookup_plugins
+    plugin = lookup_loader.get("gpufleet_placement")
+    assert plugin is not None
+    found: list[Any] = plugin.run(
+        [what], variables={"ansible_inventory_sources": [str(inventory)]}, **options
+    )
+    return found
+
+
+def test_each_replica_has_its_node_gpus_port_url_and_its_services_settings() -> None:
+    replicas = lookup("replicas", REPO / "inventories/examples/services")
+    assert [
+        (r["id"], r["node"], r["nodes"], r["gpus"], r["port"], r["url"], r["executor"]) for r in replicas
+    ] == [
+        ("qwen-0", "gpu-head-01", ["gpu-head-01"], [0], 8100, "http://10.10.0.10:8100", "mp"),
+        ("qwen-1", "gpu-worker-01", ["gpu-worker-01"], [0], 8100, "http://10.10.0.11:8100", "mp"),
+    ]
+    first = replicas[0]
+    assert first["name"] == "qwen2.5-1.5b-instruct"  # serving.served_model_name: what clients send
+    assert first["model"] == {
+        "repo": "Qwen/Qwen2.5-1.5B-Instruct",
+        "revision": "master",
+        "dir": "/opt/models/Qwen2.5-1.5B-Instruct",
+    }
+    assert first["serving"]["max_model_len"] == 8192 and first["serving"]["gpu_memory_utilization"] == 0.9
+    assert "port" not in first["serving"] and "served_model_name" not in first["serving"]
+
+
+def test_the_gateway_gets_a_router_per_service_with_its_replicas_as_workers(tmp_path: Path) -> None:
+    inventory = tmp_path / "services"
+    shutil.copytree(REPO / "inventories/examples/services", inventory)
+    variables = inventory / "group_vars/gpu_nodes.yml"
+    values = yaml.safe_load(variables.read_text(encoding="utf-8"))
+    second = {**values["gpufleet_services"][0], "name": "other", "replicas": 1}
+    second["serving"] = {**second["serving"], "served_model_name": "other", "gpu_memory_utilization": 0.4}
+    values["gpufleet_services"][0]["serving"]["gpu_memory_utilization"] = 0.4
+    values["gpufleet_services"][0]["replicas"] = 2
+    values["gpufleet_services"].append(second)
+    for service in values["gpufleet_services"]:
+        service["model"]["config"] = str(REPO / "models/Qwen2.5-1.5B-Instruct/config.json")
+    variables.write_text(yaml.safe_dump(values), encoding="utf-8")
+    head = inventory / "hosts.yml"
+    head.write_text(
+        head.read_text(encoding="utf-8").replace("gpufleet_gpu_count: 1", "gpufleet_gpu_count: 2")
+    )
+
+    assert lookup("gateway", inventory, first_port=9000, first_metrics_port=9100) == [
+        {
+            "name": "qwen2.5-1.5b-instruct",
+            "port": 9000,
+            "metrics_port": 9100,
+            "workers": ["http://10.10.0.10:8100", "http://10.10.0.11:8100"],
+        },
+        {"name": "other", "port": 9001, "metrics_port": 9101, "workers": ["http://10.10.0.10:8101"]},
+    ]
+    replicas = lookup("replicas", inventory)
+    assert [(r["id"], r["node"], r["gpus"]) for r in replicas] == [
+        ("qwen-0", "gpu-head-01", [0]),
+        ("qwen-1", "gpu-worker-01", [0]),
+        ("other-0", "gpu-head-01", [1]),
+    ]
+
+
+def test_an_inventory_without_services_has_no_replicas_and_no_routers() -> None:
+    assert lookup("replicas", REPO / "inventories/prod") == []
+    assert lookup("gateway", REPO / "inventories/prod") == []
+
+
+def test_an_invalid_inventory_or_term_is_refused_with_the_problems(tmp_path: Path) -> None:
+    inventory = tmp_path / "services"
+    shutil.copytree(REPO / "inventories/examples/services", inventory)
+    variables = inventory / "group_vars/gpu_nodes.yml"
+    values = yaml.safe_load(variables.read_text(encoding="utf-8"))
+    values["gpufleet_services"].append(dict(values["gpufleet_services"][0]))  # the same name twice
+    variables.write_text(yaml.safe_dump(values), encoding="utf-8")
+    with pytest.raises(AnsibleError, match="found 'qwen' twice"):
+        lookup("replicas", inventory)
+    with pytest.raises(AnsibleError, match="found 'nodes'; expected one of replicas, gateway"):
+        lookup("nodes", REPO / "inventories/prod")
