@@ -16,11 +16,12 @@ description:
     replica of every service in C(gpufleet_services) (C(gpufleet.planner.placement)), as C(gpufleet plan)
     shows it.
   - C(replicas) (the default term) gives one entry per replica; C(gateway) gives one entry per service in the
-    form the gateway role's C(gateway_services) takes, its workers the replicas' URLs on the cluster network.
+    form the gateway role's C(gateway_services) takes, its workers the replicas' URLs on the cluster network;
+    C(models) gives each model the services serve once (repo, revision, dir), in the services' order.
   - An inventory without C(gpufleet_services) (one model, one instance) gives an empty list for both.
 options:
   _terms:
-    description: C(replicas) or C(gateway).
+    description: C(replicas), C(gateway) or C(models).
     type: list
     elements: str
     required: false
@@ -58,13 +59,14 @@ _raw:
   elements: dict
 """
 
+import json
 from pathlib import Path
 from typing import Any
 
 from ansible.errors import AnsibleError
 from ansible.plugins.lookup import LookupBase
 
-WHAT = ("replicas", "gateway")
+WHAT = ("replicas", "gateway", "models")
 
 
 class LookupModule(LookupBase):  # type: ignore[misc]
@@ -120,6 +122,9 @@ class LookupModule(LookupBase):  # type: ignore[misc]
                 )
         if what == "replicas":
             return replicas
+        if what == "models":
+            models = {json.dumps(replica["model"], sort_keys=True): replica["model"] for replica in replicas}
+            return list(models.values())
         return self._gateway(replicas)
 
     def _gateway(self, replicas: list[dict[str, Any]]) -> list[Any]:

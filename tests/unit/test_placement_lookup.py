@@ -71,6 +71,13 @@ def test_the_gateway_gets_a_router_per_service_with_its_replicas_as_workers(tmp_
         },
         {"name": "other", "port": 9001, "metrics_port": 9101, "workers": ["http://10.10.0.10:8101"]},
     ]
+    assert lookup("models", inventory) == [  # both services serve the one model: fetched once
+        {
+            "repo": "Qwen/Qwen2.5-1.5B-Instruct",
+            "revision": "master",
+            "dir": "/opt/models/Qwen2.5-1.5B-Instruct",
+        }
+    ]
     replicas = lookup("replicas", inventory)
     assert [(r["id"], r["node"], r["gpus"]) for r in replicas] == [
         ("qwen-0", "gpu-head-01", [0]),
@@ -82,6 +89,7 @@ def test_the_gateway_gets_a_router_per_service_with_its_replicas_as_workers(tmp_
 def test_an_inventory_without_services_has_no_replicas_and_no_routers() -> None:
     assert lookup("replicas", REPO / "inventories/prod") == []
     assert lookup("gateway", REPO / "inventories/prod") == []
+    assert lookup("models", REPO / "inventories/prod") == []
 
 
 def test_an_invalid_inventory_or_term_is_refused_with_the_problems(tmp_path: Path) -> None:
@@ -93,5 +101,5 @@ def test_an_invalid_inventory_or_term_is_refused_with_the_problems(tmp_path: Pat
     variables.write_text(yaml.safe_dump(values), encoding="utf-8")
     with pytest.raises(AnsibleError, match="found 'qwen' twice"):
         lookup("replicas", inventory)
-    with pytest.raises(AnsibleError, match="found 'nodes'; expected one of replicas, gateway"):
+    with pytest.raises(AnsibleError, match="found 'nodes'; expected one of replicas, gateway, models"):
         lookup("nodes", REPO / "inventories/prod")

@@ -10,7 +10,7 @@ import pytest
 
 from gpufleet.cli import main
 from gpufleet.fleet import load, validate_inventory
-from gpufleet.fleet.services import place_fleet, services_of
+from gpufleet.fleet.services import not_deployable, place_fleet, services_of
 
 from .conftest import PROD_INVENTORY, REPO, InventoryFactory, head_vars
 
@@ -157,18 +157,23 @@ def test_a_replica_vllm_would_refuse_on_its_own_gpus_is_named(make_inventory: In
     ], said
 
 
-def test_a_deploy_of_services_is_refused_before_any_host_is_touched(make_inventory: InventoryFactory) -> None:
-    """Services are placed and planned, not deployed yet: deploy() says so instead of serving the first
-    service the old way."""
+def test_a_deploy_refuses_a_replica_over_nodes_before_any_host_is_touched(
+    make_inventory: InventoryFactory,
+) -> None:
+    """A service's replicas run inside one node each (playbooks/serve.yml); one that needs two nodes is
+    refused by deploy() in one line naming it, before any stage runs."""
     from gpufleet.problems import InventoryError
     from gpufleet.runner import deploy
 
-    path = with_services(make_inventory, service("a", replicas=2))
+    spanning = with_services(make_inventory, service("a", serving={"pipeline_parallel_size": 2}))
     with pytest.raises(InventoryError) as refused:
-        deploy(path)
+        deploy(spanning)
     assert str(refused.value).startswith(
-        "group gpu_nodes: gpufleet_services: found 1 service(s), 2 replica(s);"
-    )
+        "gpufleet_services: a-0: serving (tensor_parallel_size x pipeline_parallel_size): found a replica "
+        "over 2 nodes ("
+    ), str(refused.value)
+    fleet = load(with_services(make_inventory, service("a", replicas=2))).require()
+    assert not_deployable(fleet) == []  # one GPU each: deployed
 
 
 def test_services_not_written_as_a_list_of_mappings_get_one_line(make_inventory: InventoryFactory) -> None:

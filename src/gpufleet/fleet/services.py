@@ -114,21 +114,22 @@ def one_model_variables(head: RawHost) -> list[Problem]:
 
 
 def not_deployable(fleet: FleetSpec) -> list[Problem]:
-    """Services are planned (``gpufleet plan``, ``validate``) but not deployed yet: a deploy of an inventory
-    that lists them is refused before any host is touched, rather than serving its first model the old way."""
+    """What a deploy of this fleet cannot run yet, refused before any host is touched: a service's replica
+    over several nodes (the one-model form's instance over the fleet runs through Ray; a service's replicas
+    run inside one node each, playbooks/serve.yml)."""
     if not fleet.services:
         return []
-    replicas = len(place_fleet(fleet).replicas)
     return [
         Problem(
-            "group gpu_nodes",
-            VARIABLE,
-            f"{len(fleet.services)} service(s), {replicas} replica(s)",
-            "the one-model form (gpufleet_model_* and vllm_service_*) for a deploy: this release places and "
-            "plans services but does not deploy them yet",
-            "plan with `gpufleet plan -i INVENTORY`; deploy the one-model form of the inventory until "
-            "replicas and the gateway land (docs/gateway.md)",
+            f"{VARIABLE}: {replica.id}",
+            "serving (tensor_parallel_size x pipeline_parallel_size)",
+            f"a replica over {len(replica.members)} nodes ({', '.join(m.node for m in replica.members)})",
+            "replicas inside one node each: this release runs an instance over nodes only in the one-model "
+            "form (gpufleet_model_* and vllm_service_*)",
+            "give the service a shape that fits the GPUs of one node, or deploy the one-model form",
         )
+        for replica in place_fleet(fleet).replicas
+        if len(replica.members) > 1
     ]
 
 
