@@ -727,12 +727,13 @@ LAB_SERVICES = [
 def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_service(
     lab: RunningLab, deployment: Deployment, tmp_path: Path
 ) -> None:
-    """serve.yml and gateway.yml on an inventory of the lab's hosts that lists two services: each replica the
-    planner placed runs as its own unit and port on its node (node1 holds tiny-0, tiny-chat-0 and the
-    deployment's own instance in one container); both services answer by name through their routers, and 60
-    requests to tiny reach each of its 3 replicas at least 10 times (round robin); no key gets a 401; a second
-    run changes nothing; stopping one replica leaves the other instances of its container running, and no
-    instance counts another's processes as its orphans."""
+    """deploy() of the serve and verify stages on an inventory of the lab's hosts that lists two services:
+    each replica the planner placed runs as its own unit and port on its node (node1 holds tiny-0,
+    tiny-chat-0 and the deployment's own instance in one container), and the report lists them; both
+    services answer by name through their routers, and 60 requests to tiny reach each of its 3 replicas at
+    least 10 times (round robin); no key gets a 401; a second run changes nothing; stopping one replica
+    leaves the other instances of its container running, and no instance counts another's processes as its
+    orphans."""
     inventory = services_inventory(
         deployment.inventory, tmp_path / "services", LAB_SERVICES, api_key_file(deployment.inventory)
     )
@@ -740,11 +741,15 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
     placed = {"tiny-0": (hosts[0], 8100), "tiny-1": (hosts[1], 8100), "tiny-2": (hosts[2], 8100)}
     placed["tiny-chat-0"] = (head, 8101)
     try:
-        served = playbook(inventory, "serve.yml")
-        assert served.returncode == 0, served.stdout[-4000:]
-        assert deployment.key not in served.stdout
-        routed = playbook(inventory, "gateway.yml", "-e", f"gpufleet_bundle_dir={deployment.bundle}")
-        assert routed.returncode == 0, routed.stdout[-4000:]
+        report = deploy(inventory, bundle=deployment.bundle, stages=["serve", "verify"])
+        assert report.ok, failures(report)
+        assert [(r.id, r.node, r.url) for r in report.replicas] == sorted(
+            (instance, host.name, f"http://{host.ip}:{port}") for instance, (host, port) in placed.items()
+        )
+        assert (
+            report.verify is not None and report.verify.unauthorized_status == 401 and report.verify.metrics
+        )
+        assert deployment.key not in report.model_dump_json()
         for instance, (host, port) in placed.items():
             unit = f"gpufleet-vllm@{instance}.service"
             assert lab.ssh(host.name, ["systemctl", "is-active", unit]).stdout.strip() == "active", unit
@@ -764,8 +769,10 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
         assert served_requests(urls["tiny-chat-0"]) - before["tiny-chat-0"] == 2
         assert requests_on_head(lab, None, "tiny", ROUTER_PORT, 1) == [401]
 
-        again = playbook(inventory, "serve.yml")
-        assert again.returncode == 0 and re.search(r"changed=0\s", again.stdout), again.stdout[-3000:]
+        again = deploy(inventory, bundle=deployment.bundle, stages=["serve"])
+        assert again.ok and again.changed == 0, failures(again) or [
+            (s.name, h.host, h.changed) for s in again.stages for h in s.hosts
+        ]
 
         shared = ["tiny-0", "tiny-chat-0", "default"]  # node1's container runs all three
         seen = {instance: procs(lab, head.name, instance) for instance in shared}
@@ -782,7 +789,11 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
         for instance, (host, _) in placed.items():
             unit = f"gpufleet-vllm@{instance}.service"
             lab.ssh(host.name, ["systemctl", "disable", "--now", unit])
-            lab.ssh(host.name, ["rm", "-rf", f"/etc/gpufleet/instances/{instance}"])
+            lab.ssh(
+                host.name,
+                ["rm", "-rf", f"/etc/gpufleet/instances/{instance}", f"/etc/systemd/system/{unit}.d"],
+            )
+            lab.ssh(host.name, ["systemctl", "daemon-reload"])
 
 
 def requests_on_head(lab: RunningLab, key: str | None, model: str, port: int, count: int) -> list[int]:

@@ -215,3 +215,31 @@ def test_a_bounded_message_keeps_its_head_and_the_last_lines_of_its_log() -> Non
     assert message.startswith("node1: vLLM did not list the model.")
     assert message.endswith("line 999\nexits at start")
     assert len(message) == 2000
+
+
+def test_each_nodes_replicas_are_merged_into_the_report() -> None:
+    """Services: every node publishes the replicas it runs (gpufleet_replicas, by instance id); the report
+    keeps them all, not the last node's, each with its own vLLM facts."""
+    from gpufleet.runner.facts import PublishedFacts
+
+    recorder = StageRecorder("serve")
+
+    def published(host: str, replicas: dict[str, Any]) -> dict[str, Any]:
+        return {"event": "runner_on_ok", "event_data": {"host": host, "res": {"ansible_facts": replicas}}}
+
+    tiny = {"kv_cache_tokens": 8192, "ready_seconds": 30.0, "served_model_name": "tiny"}
+    first = {"service": "tiny", "node": "node1", "url": "http://10.0.0.1:8100", "gpus": [0], "facts": tiny}
+    recorder(published("node1", {"gpufleet_replicas": {"tiny-0": first}}))
+    second = {**first, "node": "node2", "url": "http://10.0.0.2:8100", "gpus": [], "facts": {}}
+    recorder(published("node2", {"gpufleet_replicas": {"tiny-1": second}}))
+    chat = {**first, "service": "chat", "url": "http://10.0.0.1:8101", "gpus": [1]}
+    recorder(published("node1", {"gpufleet_replicas": {"tiny-0": first, "chat-0": chat}}))
+
+    replicas = PublishedFacts.read(recorder.facts).replicas
+    assert [(r.id, r.service, r.node, r.url, r.gpus) for r in replicas] == [
+        ("chat-0", "chat", "node1", "http://10.0.0.1:8101", (1,)),
+        ("tiny-0", "tiny", "node1", "http://10.0.0.1:8100", (0,)),
+        ("tiny-1", "tiny", "node2", "http://10.0.0.2:8100", ()),
+    ]
+    assert replicas[1].vllm is not None and replicas[1].vllm.kv_cache_tokens == 8192
+    assert replicas[2].vllm is None

@@ -82,7 +82,10 @@ def deploy(
         if refused:
             raise InventoryError(refused)
     started = time.monotonic()
-    gated = not check and any(stage in ROLLBACK_AFTER for stage in steps.stages)
+    # Services keep no revisions yet (their replicas' revisions come next): no rollback, no downtime probe of
+    # the one endpoint an inventory before services has.
+    services = fleet.spec is not None and bool(fleet.spec.services)
+    gated = not check and not services and any(stage in ROLLBACK_AFTER for stage in steps.stages)
     action = "check" if check else "deploy"
     restored: RollbackReport | None = None
     with _one_run(fleet.path, action), _downtime_meter(fleet.endpoint if gated else None) as meter:
@@ -100,14 +103,16 @@ def deploy(
         seconds=round(time.monotonic() - started, 3),
         stages=tuple(results),
         failed_stage=failed,
-        endpoint=facts.endpoint,
-        served_model=facts.served_model,
-        vllm=facts.vllm,
+        # with services each replica says its own (``replicas``): the last one published is not the fleet's
+        endpoint=None if facts.replicas else facts.endpoint,
+        served_model=None if facts.replicas else facts.served_model,
+        vllm=None if facts.replicas else facts.vllm,
         verify=facts.verify,
         warnings=tuple(warnings),
         monitoring=facts.monitoring,
         downtime=meter.result() if meter is not None else None,
         rollback=restored,
+        replicas=facts.replicas,
     )
     return report.compared_with(plan) if plan is not None else report
 

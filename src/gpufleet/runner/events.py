@@ -30,8 +30,11 @@ PUBLISHED_FACTS = frozenset(
         "gpufleet_gateway",
         "gpufleet_monitoring_endpoints",
         "gpufleet_rollback",
+        "gpufleet_replicas",
     }
 )
+# Facts each host publishes a part of (by key): the report takes them all.
+MERGED_FACTS = frozenset({"gpufleet_replicas"})
 _RESULTS = {
     "runner_on_ok": "ok",
     "runner_on_failed": "failed",
@@ -130,7 +133,10 @@ class StageRecorder:
         record.add(outcome, data)
         if outcome in ("ok", "changed"):
             for name, value in (res.get("ansible_facts") or {}).items():
-                if name in PUBLISHED_FACTS:
+                if name in MERGED_FACTS and isinstance(value, Mapping):
+                    _, before = self.facts.get(name, (host, {}))
+                    self.facts[name] = (host, {**(before if isinstance(before, Mapping) else {}), **value})
+                elif name in PUBLISHED_FACTS:
                     self.facts[name] = (host, value)
         if outcome in ("failed", "unreachable"):
             failure = Failure(

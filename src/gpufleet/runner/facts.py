@@ -24,6 +24,8 @@ value set by any host in the run:
 - ``gpufleet_service_load``: what vLLM does now (status): ``source: prometheus`` with ``results``, Prometheus'
   answer to each query of :data:`gpufleet.runner.service_load.PROMQL`; or ``source: metrics`` with ``first``
   and ``second``, the needed lines of two reads of /metrics ``seconds`` apart; or nothing.
+- ``gpufleet_replicas``: services (serve): a mapping of each replica's instance id to its service, node, url,
+  gpus and facts (its ``gpufleet_vllm_facts``); every node publishes its own replicas, the report takes all.
 - ``gpufleet_gateway``: the gateway's routers on the head (status), a list of mappings with the fields of
   :class:`gpufleet.runner.report.RouterState` (the gateway role's ``gateway_report``); empty without one.
 - ``gpufleet_monitoring_endpoints``: ``prometheus`` and ``grafana`` URLs and ``targets_up`` (monitoring).
@@ -51,6 +53,7 @@ from gpufleet.runner.report import (
     MonitoringEndpoints,
     NodeState,
     OrphanProcess,
+    ReplicaReport,
     RouterState,
     ServiceLoad,
     VerifyResult,
@@ -96,6 +99,7 @@ class PublishedFacts(_Frozen):
     monitoring: MonitoringEndpoints | None = None
     rollback: RolledBack | None = None
     gateway: tuple[RouterState, ...] = ()
+    replicas: tuple[ReplicaReport, ...] = ()
 
     @classmethod
     def read(cls, facts: Facts) -> PublishedFacts:
@@ -119,7 +123,23 @@ class PublishedFacts(_Frozen):
             monitoring=_monitoring(_mapping(values, "gpufleet_monitoring_endpoints") or {}),
             rollback=_rolled_back(_mapping(values, "gpufleet_rollback")),
             gateway=_routers(values.get("gpufleet_gateway")),
+            replicas=_replicas(_mapping(values, "gpufleet_replicas") or {}),
         )
+
+
+def _replicas(published: Mapping[str, Any]) -> tuple[ReplicaReport, ...]:
+    """Every replica the serve stage published (by instance id), in the order of their ids."""
+    replicas = []
+    for replica_id, value in sorted(published.items()):
+        if isinstance(value, Mapping):
+            facts = value.get("facts")
+            vllm = _vllm_facts(facts) if isinstance(facts, Mapping) and facts else None
+            replicas.append(
+                ReplicaReport.model_validate(
+                    {**value, "id": replica_id, "vllm": vllm, "gpus": value.get("gpus") or ()}
+                )
+            )
+    return tuple(replicas)
 
 
 def _mapping(values: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:

@@ -20,6 +20,7 @@ from gpufleet.runner.report import (
     DeployReport,
     Downtime,
     Failure,
+    ReplicaReport,
     RollbackReport,
     ServiceLoad,
     StageResult,
@@ -184,6 +185,7 @@ def print_deploy_report(console: Console, report: DeployReport) -> None:
         )
     console.print(table)
     console.print(_details(report.stages, report.endpoint, report.served_model, report.vllm))
+    console.print(Group(*(_replica_line(replica) for replica in report.replicas)))
     if report.verify is not None:
         console.print(_verified(report.verify))
     if (monitoring := report.monitoring) is not None:
@@ -335,6 +337,18 @@ def _grouped(whys: dict[str, str]) -> dict[str, list[str]]:
     for host, why in whys.items():
         grouped.setdefault(why, []).append(host)
     return grouped
+
+
+def _replica_line(replica: ReplicaReport) -> Text:
+    """One replica of a service: where it serves and what its vLLM reported at start-up."""
+    gpus = ",".join(str(gpu) for gpu in replica.gpus) or "none (CPU)"
+    text = f"replica {replica.id} ({replica.service}) on {replica.node}: {replica.url}, GPUs {gpus}"
+    if (vllm := replica.vllm) is not None:
+        if vllm.kv_cache_tokens is not None:
+            text += f", KV-cache tokens {vllm.kv_cache_tokens:,}"
+        if vllm.ready_seconds is not None:
+            text += f", ready in {vllm.ready_seconds:.0f} s"
+    return Text(text)
 
 
 def _details(

@@ -131,6 +131,7 @@ class DeployReport(_Frozen):
     monitoring: MonitoringEndpoints | None = None
     downtime: Downtime | None = None
     rollback: RollbackReport | None = None
+    replicas: tuple[ReplicaReport, ...] = ()  # services: each replica as the serve stage left it
 
     @property
     def changed(self) -> int:
@@ -222,6 +223,18 @@ class NodeState(_Published):
         if self.procs_error:
             said.append(f"{self.host}: vLLM's processes could not be listed: {self.procs_error}")
         return said
+
+
+class ReplicaReport(_Published):
+    """One replica of a service as the serve stage left it (``gpufleet_replicas``, playbooks/serve.yml): its
+    instance id, node, URL on the cluster network, GPUs and what its vLLM reported at start-up."""
+
+    id: str
+    service: str
+    node: str
+    url: str
+    gpus: tuple[int, ...] = ()
+    vllm: VllmFacts | None = None
 
 
 class RouterState(_Published):
