@@ -4,9 +4,7 @@ requests sent on the head through a service's router, and what each replica's vL
 from __future__ import annotations
 
 import json
-import re
 import shutil
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -69,16 +67,27 @@ print(json.dumps(statuses))
 """
 
 
-def served_requests(url: str) -> int:
-    """How many requests a replica's vLLM finished (``vllm:request_success_total``, every finish reason)."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as answer:  # the lab network only
+# On the head (python3 - on stdin): what each replica's vLLM counted (vllm:request_success_total, every finish
+# reason), read from its /metrics: the replicas' ports answer the gateway host, not the control node.
+SERVED_ON_HEAD = r"""
+import json, re, sys, urllib.request
+counted = {}
+for name, url in json.load(sys.stdin).items():
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as answer:
         text = answer.read().decode()
-    return int(
-        sum(
-            float(value)
-            for value in re.findall(r"^vllm:request_success_total\{[^}]*\} ([0-9.e+]+)$", text, re.M)
-        )
-    )
+    found = re.findall(r"^vllm:request_success_total\{[^}]*\} ([0-9.e+]+)$", text, re.M)
+    counted[name] = int(sum(float(value) for value in found))
+print(json.dumps(counted))
+"""
+
+
+def served_on_head(lab: Any, urls: dict[str, str]) -> dict[str, int]:
+    """How many requests each replica's vLLM finished, read on the head."""
+    head = lab.inventory.hosts[0]
+    done = lab.lab.ssh(head.name, ["python3", "-c", SERVED_ON_HEAD], stdin=json.dumps(urls), timeout=120)
+    assert done.returncode == 0, done.stderr
+    counted: dict[str, int] = json.loads(done.stdout)
+    return counted
 
 
 def procs(lab: Any, host: str, instance: str) -> dict[str, Any]:

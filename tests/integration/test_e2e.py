@@ -45,7 +45,7 @@ from migration_support import (
     previous_release,
     serve_with,
 )
-from services_support import LAB_SERVING, REQUESTS_ON_HEAD, TINY, procs, served_requests, services_inventory
+from services_support import LAB_SERVING, REQUESTS_ON_HEAD, TINY, procs, served_on_head, services_inventory
 from tests.monitoring_assets import ALERT_NAMES, dashboards, metric_names, panel_queries, render_rules
 
 from gpufleet.lab.demo import PROMPT, api_key_file, chat, lab_plan, route_to_bridge
@@ -731,7 +731,8 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
     each replica the planner placed runs as its own unit and port on its node (node1 holds tiny-0,
     tiny-chat-0 and the deployment's own instance in one container), and the report lists them; both
     services answer by name through their routers, and 60 requests to tiny reach each of its 3 replicas at
-    least 10 times (round robin); no key gets a 401; a second run changes nothing; stopping one replica
+    least 10 times (round robin); no key gets a 401; the replicas' ports refuse this machine (they answer
+    the gateway host only); a second run changes nothing; stopping one replica
     leaves the other instances of its container running, and no instance counts another's processes as its
     orphans."""
     inventory = services_inventory(
@@ -759,15 +760,18 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
             )
 
         urls = {instance: f"http://{host.ip}:{port}" for instance, (host, port) in placed.items()}
-        before = {instance: served_requests(url) for instance, url in urls.items()}
+        before = served_on_head(lab, urls)
         statuses = requests_on_head(lab, deployment.key, "tiny", ROUTER_PORT, 60)
         assert statuses == [200] * 60, statuses
-        counted = {instance: served_requests(url) - before[instance] for instance, url in urls.items()}
+        counted = {instance: n - before[instance] for instance, n in served_on_head(lab, urls).items()}
         assert counted["tiny-chat-0"] == 0 and sum(counted.values()) == 60, counted
         assert min(counted[f"tiny-{index}"] for index in range(3)) >= 10, counted
         assert requests_on_head(lab, deployment.key, "tiny-chat", ROUTER_PORT + 1, 2) == [200, 200]
-        assert served_requests(urls["tiny-chat-0"]) - before["tiny-chat-0"] == 2
+        assert served_on_head(lab, urls)["tiny-chat-0"] - before["tiny-chat-0"] == 2
         assert requests_on_head(lab, None, "tiny", ROUTER_PORT, 1) == [401]
+        for host, port in placed.values():  # the replicas answer the gateway host (above), not this machine
+            with pytest.raises(OSError):
+                socket.create_connection((host.ip, port), timeout=5).close()
 
         again = deploy(inventory, bundle=deployment.bundle, stages=["serve"])
         assert again.ok and again.changed == 0, failures(again) or [
