@@ -126,6 +126,9 @@ _MODULE_UTILS = os.path.join(_PLUGINS, "module_utils")  # the modules' shared co
 _COLLECTION = os.path.dirname(_PLUGINS)
 # The group playbooks/fleet_check.yml fills when every node is in sync: a result, not an input.
 FAST_GROUP = "gpufleet_in_sync"
+# Groups a run makes for itself (playbooks/serving_form.yml sorts the nodes by serving form): results of the
+# inventory, not inputs; a digest taken after them must be the one taken before.
+RUN_TIME_GROUPS = frozenset({FAST_GROUP, "gpufleet_serve_one_model", "gpufleet_serve_services"})
 
 
 @cache
@@ -181,7 +184,9 @@ class LookupModule(LookupBase):  # type: ignore[misc]  # ansible-core ships no t
         role_names = sorted(os.listdir(roles)) if os.path.isdir(roles) else []
         prefixes = (*terms, "gpufleet_", *(f"{role}_" for role in role_names))
         groups = {
-            name: sorted(hosts) for name, hosts in variables.get("groups", {}).items() if name != FAST_GROUP
+            name: sorted(hosts)
+            for name, hosts in variables.get("groups", {}).items()
+            if name not in RUN_TIME_GROUPS
         }
         hostvars = variables.get("hostvars", {})
         hosts: dict[str, Any] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -56,6 +57,41 @@ def test_every_fact_the_roles_publish_is_left_out_of_the_digest() -> None:
     """A published fact in the digest would make it differ between the check and the next run's check."""
     missing = published_facts() - set(run_time_facts())
     assert not missing, f"add {sorted(missing)} to RUN_TIME_FACTS in plugins/lookup/gpufleet_inputs.py"
+
+
+def run_time_groups() -> frozenset[str]:
+    spec = importlib.util.spec_from_file_location(
+        "gpufleet_inputs", REPO / "plugins/lookup/gpufleet_inputs.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    groups: frozenset[str] = module.RUN_TIME_GROUPS
+    return groups
+
+
+def made_groups() -> set[str]:
+    """Every group a playbook or role makes at run time (group_by keys, add_host groups), by the names quoted
+    in them."""
+    names = set()
+    for path in [*REPO.glob("roles/*/tasks/*.yml"), *REPO.glob("playbooks/**/*.yml")]:
+        for task in tasks_in(yaml.safe_load(path.read_text(encoding="utf-8"))):
+            for key in ("ansible.builtin.group_by", "group_by", "ansible.builtin.add_host", "add_host"):
+                if isinstance(task.get(key), dict):
+                    made = str(task[key].get("key") or task[key].get("groups") or "")
+                    names |= set(re.findall(r"'([a-z_]+)'", made)) | (
+                        {made} if made.isidentifier() else set()
+                    )
+    return names
+
+
+def test_every_group_a_run_makes_is_left_out_of_the_fleet_digest() -> None:
+    """A group made during a run, in the fleet's digest, makes the digest at the run's end differ from the one
+    at its start: fleet_record.yml then records nothing, and the next deploy takes no fast path."""
+    made = made_groups()
+    assert {"gpufleet_in_sync", "gpufleet_serve_services", "gpufleet_serve_one_model"} <= made, made
+    missing = made - run_time_groups()
+    assert not missing, f"add {sorted(missing)} to RUN_TIME_GROUPS in plugins/lookup/gpufleet_inputs.py"
 
 
 def test_the_fact_list_is_not_vacuous() -> None:
