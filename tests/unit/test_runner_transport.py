@@ -41,10 +41,12 @@ def test_other_failures_are_not_crashes() -> None:
 
 
 def test_a_stage_is_crashed_only_when_every_failure_is_the_same_crash() -> None:
+    """The same crash: one known race, whichever of its symptoms each node showed."""
     assert crashed_stage([stage(PROTOCOL, PROTOCOL)]) is not None
     assert crashed_stage([stage(PROTOCOL, "node2 is broken")]) is None
     assert crashed_stage([stage(PROTOCOL, BOOTSTRAP)]) is None
     assert crashed_stage([stage(DISCONNECTED)]) is not None
+    assert crashed_stage([stage(PROTOCOL, DISCONNECTED)]) is not None  # both mitogen#1314, on two nodes
     assert crashed_stage([stage(PROTOCOL, status="timeout")]) is None
     assert crashed_stage([stage()]) is None  # failed before any task (syntax): no failure to read
     assert crashed_stage([]) is None
