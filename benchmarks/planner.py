@@ -4,8 +4,10 @@ Times, for each planner model of tests/unit/data/planner_models on an H100 (79.1
 ``gpufleet plan --json`` command as a user runs it (a fresh Python process: imports included), and
 ``plan()`` alone, in-process, including a refused plan that searches for proposals; then
 ``gpufleet plan -i inventories/prod`` (what validate and preflight run: the inventory read through
-ansible-core, the roles' argument specs, the fleet schema and the planner), wall and CPU seconds, with
-the load average beside them (the box is shared: wall time follows the load, CPU time much less).
+ansible-core, the roles' argument specs, the fleet schema, the placement and the planner once per replica:
+prod is services since issue 35, results/planner.md's earlier figures are of one instance), wall and CPU
+seconds, with the load average beside them (the box is shared: wall time follows the load, CPU time much
+less).
 Writes Markdown to stdout.
 Usage: .venv/bin/python benchmarks/planner.py [REPEATS]
 """

@@ -101,6 +101,7 @@ RUN_TIME_FACTS = (
     "gpufleet_ray_nodes_alive",
     "gpufleet_ray_nodes_expected",
     "gpufleet_ray_nodes_missing",
+    "gpufleet_replica_states",
     "gpufleet_replicas",
     "gpufleet_revisions",
     "gpufleet_rollback",

@@ -17,11 +17,14 @@ description:
     shows it.
   - C(replicas) (the default term) gives one entry per replica; C(gateway) gives one entry per service in the
     form the gateway role's C(gateway_services) takes, its workers the replicas' URLs on the cluster network;
-    C(models) gives each model the services serve once (repo, revision, dir), in the services' order.
+    C(models) gives each model the services serve once (repo, revision, dir), in the services' order;
+    C(metrics) gives what Prometheus scrapes of them (the monitoring role's C(monitoring_extra_targets)) -
+    each replica's vLLM (job C(vllm)) and each service's router (job C(router), on C(gateway_host)), with
+    labels C(node), C(service) (the name clients send as model) and C(replica).
   - An inventory without C(gpufleet_services) (one model, one instance) gives an empty list for both.
 options:
   _terms:
-    description: C(replicas), C(gateway) or C(models).
+    description: C(replicas), C(gateway), C(models) or C(metrics).
     type: list
     elements: str
     required: false
@@ -33,6 +36,10 @@ options:
     description: The Prometheus port of the first service's router; the next services take the next.
     type: int
     default: 29200
+  gateway_host:
+    description: Where the routers' metrics listen (the gateway role's C(gateway_host)), for C(metrics).
+    type: str
+    default: 127.0.0.1
 notes:
   - Runs on the control node. The gpufleet Python package must be importable by the Python that runs
     ansible-playbook.
@@ -54,7 +61,7 @@ _raw:
   description: >-
     For C(replicas): id, service, name (what clients send as model), node, nodes, gpus, port, url,
     executor, model (repo, revision, dir) and serving (the vllm_service_* settings, less the prefix).
-    For C(gateway): name, port, metrics_port and workers.
+    For C(gateway): name, port, metrics_port and workers. For C(metrics): job, target (host:port), labels.
   type: list
   elements: dict
 """
@@ -66,7 +73,7 @@ from typing import Any
 from ansible.errors import AnsibleError
 from ansible.plugins.lookup import LookupBase
 
-WHAT = ("replicas", "gateway", "models")
+WHAT = ("replicas", "gateway", "models", "metrics")
 
 
 class LookupModule(LookupBase):  # type: ignore[misc]
@@ -125,7 +132,30 @@ class LookupModule(LookupBase):  # type: ignore[misc]
         if what == "models":
             models = {json.dumps(replica["model"], sort_keys=True): replica["model"] for replica in replicas}
             return list(models.values())
+        if what == "metrics":
+            return self._metrics(replicas)
         return self._gateway(replicas)
+
+    def _metrics(self, replicas: list[dict[str, Any]]) -> list[Any]:
+        """Each replica's vLLM on its URL's host:port and each router's metrics port, as scrape targets."""
+        host = str(self.get_option("gateway_host"))
+        vllm = [
+            {
+                "job": "vllm",
+                "target": replica["url"].removeprefix("http://"),
+                "labels": {"node": replica["node"], "service": replica["name"], "replica": replica["id"]},
+            }
+            for replica in replicas
+        ]
+        routers = [
+            {
+                "job": "router",
+                "target": f"{host}:{router['metrics_port']}",
+                "labels": {"service": router["name"]},
+            }
+            for router in self._gateway(replicas)
+        ]
+        return vllm + routers
 
     def _gateway(self, replicas: list[dict[str, Any]]) -> list[Any]:
         first_port, first_metrics = (

@@ -20,10 +20,14 @@ TINY = {"repo": "gpufleet/tiny-qwen2", "revision": "master", "dir": "/opt/models
 
 
 def services_inventory(
-    lab_inventory: Path, folder: Path, services: Sequence[dict[str, Any]], key: Path
+    lab_inventory: Path,
+    folder: Path,
+    services: Sequence[dict[str, Any]],
+    key: Path,
+    more: dict[str, Any] | None = None,
 ) -> Path:
     """The lab's hosts with the lab's settings, less the one model's (they would mean nothing beside
-    services), and these services; the API key is the deployment's (``key``)."""
+    services), and these services; the API key is the deployment's (``key``); ``more`` variables last."""
     folder.mkdir(parents=True)
     shutil.copy(lab_inventory, folder / "hosts.yml")
     lab_vars = lab_inventory.parent / "group_vars" / "gpu_nodes.yml"
@@ -35,6 +39,7 @@ def services_inventory(
     }
     values["gpufleet_services"] = list(services)
     values["gpufleet_api_key_file"] = str(key)
+    values.update(more or {})
     (folder / "group_vars").mkdir()
     (folder / "group_vars" / "gpu_nodes.yml").write_text(
         yaml.safe_dump(values, sort_keys=False), encoding="utf-8"

@@ -421,11 +421,16 @@ LEGACY_VLLM_NAMES = {
 }
 
 
-def all_queries() -> list[tuple[str, str]]:
-    """(panel title, query as Grafana sends it) of every panel: interval macros and each query variable at
-    its "All" value filled in."""
+SERVICES_DASHBOARD = "gpufleet-services.json"  # its panels need services (tested with them, below)
+
+
+def all_queries(only: frozenset[str] | None = None) -> list[tuple[str, str]]:
+    """(panel title, query as Grafana sends it) of every panel (of the dashboards ``only`` names): interval
+    macros and each query variable at its "All" value filled in."""
     queries = []
-    for dashboard in dashboards().values():
+    for file, dashboard in dashboards().items():
+        if only is not None and file not in only:
+            continue
         listed = dashboard.get("templating", {}).get("list", [])
         variables = [variable["name"] for variable in listed if variable["type"] == "query"]
         for title, panel_expr in panel_queries(dashboard):
@@ -519,15 +524,20 @@ def test_every_dashboard_query_returns_data_from_the_lab_prometheus(
     for prompt in ("one", "two", "three", "one"):  # the repeated prompt hits the prefix cache
         assert chat(f"http://{head.ip}:8000/v1", deployment.key, "tiny", prompt)[0] == 200
     time.sleep(2 * 5 + 2)  # two scrapes (the lab scrapes every 5 s) so that rate() sees the requests
+    assert empty_panels(head.ip, frozenset(dashboards()) - {SERVICES_DASHBOARD}) == []
+
+
+def empty_panels(head_ip: str, only: frozenset[str]) -> list[str]:
+    """The panels of these dashboards whose query the lab's Prometheus answers with no finite value."""
     empty = []
-    for title, expr in all_queries():
-        result = prometheus(head.ip, "/api/v1/query", query=expr)["result"]
+    for title, expr in all_queries(only):
+        result = prometheus(head_ip, "/api/v1/query", query=expr)["result"]
         if any(name.startswith("DCGM_") for name in metric_names(expr)):
             continue  # accepted by Prometheus (prometheus() asserts success); no GPU in the lab to give data
         values = [float(sample["value"][1]) for sample in result]
         if not any(math.isfinite(value) for value in values):
             empty.append(f"{title}: {expr} -> {values}")
-    assert empty == []
+    return empty
 
 
 GRAFANA_DOUBLE = "gpufleet/grafana-double:lab"
@@ -727,22 +737,27 @@ LAB_SERVICES = [
 def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_service(
     lab: RunningLab, deployment: Deployment, tmp_path: Path
 ) -> None:
-    """deploy() of the serve and verify stages on an inventory of the lab's hosts that lists two services:
-    each replica the planner placed runs as its own unit and port on its node (node1 holds tiny-0,
+    """deploy() of the serve, verify and monitoring stages on an inventory of the lab's hosts that lists two
+    services: each replica the planner placed runs as its own unit and port on its node (node1 holds tiny-0,
     tiny-chat-0 and the deployment's own instance in one container), and the report lists them; both
     services answer by name through their routers, and 60 requests to tiny reach each of its 3 replicas at
     least 10 times (round robin); no key gets a 401; the replicas' ports refuse this machine (they answer
-    the gateway host only); a second run changes nothing; stopping one replica
-    leaves the other instances of its container running, and no instance counts another's processes as its
-    orphans."""
+    the gateway host only); `status` lists every replica ready and both services up; Prometheus scrapes every
+    replica and router and each panel of the services dashboard has data; a second run changes
+    nothing; stopping one replica leaves the other instances of its container running (no instance counts
+    another's processes as its orphans), and `status` then names it and says its service is down."""
     inventory = services_inventory(
-        deployment.inventory, tmp_path / "services", LAB_SERVICES, api_key_file(deployment.inventory)
+        deployment.inventory,
+        tmp_path / "services",
+        LAB_SERVICES,
+        api_key_file(deployment.inventory),
+        {"gpufleet_monitoring": True},
     )
     head, *_ = hosts = lab.inventory.hosts
     placed = {"tiny-0": (hosts[0], 8100), "tiny-1": (hosts[1], 8100), "tiny-2": (hosts[2], 8100)}
     placed["tiny-chat-0"] = (head, 8101)
     try:
-        report = deploy(inventory, bundle=deployment.bundle, stages=["serve", "verify"])
+        report = deploy(inventory, bundle=deployment.bundle, stages=["serve", "verify", "monitoring"])
         assert report.ok, failures(report)
         assert [(r.id, r.node, r.url) for r in report.replicas] == sorted(
             (instance, host.name, f"http://{host.ip}:{port}") for instance, (host, port) in placed.items()
@@ -769,6 +784,27 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
         assert requests_on_head(lab, deployment.key, "tiny-chat", ROUTER_PORT + 1, 2) == [200, 200]
         assert served_on_head(lab, urls)["tiny-chat-0"] - before["tiny-chat-0"] == 2
         assert requests_on_head(lab, None, "tiny", ROUTER_PORT, 1) == [401]
+        up = status(inventory)  # every replica on its node, ready, and each service up
+        assert up.ok and up.vllm_ready, up.problems
+        assert sorted((r.id, r.node, r.unit, r.ready) for r in up.replicas) == sorted(
+            (instance, host.name, "active", True) for instance, (host, _) in placed.items()
+        )
+        assert up.services == {"tiny": "up", "tiny-chat": "up"}
+        # Prometheus scrapes every replica (labelled with its service and replica) and both routers, and every
+        # panel of the services dashboard has data after the traffic above (status took more than 2 scrapes)
+        targets = prometheus(head.ip, "/api/v1/targets", state="active")["activeTargets"]
+        scraped = {
+            (t["labels"]["job"], t["labels"].get("replica") or t["labels"].get("service")): t
+            for t in targets
+            if t["labels"]["job"] in ("vllm", "router")
+        }
+        assert set(scraped) == {
+            *(("vllm", instance) for instance in placed),
+            ("router", "tiny"),
+            ("router", "tiny-chat"),
+        }
+        assert all(target["health"] == "up" for target in scraped.values()), scraped
+        assert empty_panels(head.ip, frozenset({SERVICES_DASHBOARD})) == []
         for host, port in placed.values():  # the replicas answer the gateway host (above), not this machine
             with pytest.raises(OSError):
                 socket.create_connection((host.ip, port), timeout=5).close()
@@ -788,6 +824,10 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
             after,
         )
         assert requests_on_head(lab, deployment.key, "tiny", ROUTER_PORT, 3) == [200] * 3
+        down = status(inventory)  # the stopped replica is named, its service down, the other one up
+        assert not down.ok and down.services == {"tiny": "up", "tiny-chat": "down"}, down.problems
+        assert [(r.id, r.unit) for r in down.replicas if not r.ready] == [("tiny-chat-0", "inactive")]
+        assert "service tiny-chat: down, 0 of 1 replicas ready" in down.problems
     finally:
         playbook(inventory, "gateway.yml", "-e", "gateway_services=[]")
         for instance, (host, _) in placed.items():
@@ -798,6 +838,14 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
                 ["rm", "-rf", f"/etc/gpufleet/instances/{instance}", f"/etc/systemd/system/{unit}.d"],
             )
             lab.ssh(host.name, ["systemctl", "daemon-reload"])
+        # Prometheus back to the deployment's own targets (the one instance), for the tests after this one
+        restored = deploy(
+            deployment.inventory,
+            bundle=deployment.bundle,
+            stages=["monitoring"],
+            extra_vars={"gpufleet_monitoring": True},
+        )
+        assert restored.ok, failures(restored)
 
 
 def requests_on_head(lab: RunningLab, key: str | None, model: str, port: int, count: int) -> list[int]:

@@ -13,7 +13,10 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-PROD_INVENTORY = REPO / "inventories" / "prod"
+PROD_INVENTORY = REPO / "inventories" / "prod"  # services: one service, a replica per GPU
+# The same two servers as one instance, TP=2 over both (the one-model form: gpufleet_model_*, vllm_service_*)
+TP_INVENTORY = REPO / "inventories" / "examples" / "tp-across-nodes"
+PROD_KV_TOKENS_AS_ONE_INSTANCE = 1_352_112  # TP_INVENTORY's plan: the 3090 sizes both ranks (issue 35)
 
 BASE_HOSTS: dict[str, Any] = {
     "gpu_nodes": {

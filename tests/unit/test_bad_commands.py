@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -34,12 +35,16 @@ BINARY = b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfebinary"
 ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="lab and demo commands need root")
 
 
-def prod(tmp_path: Path) -> Path:
+PROD = REPO / "inventories" / "prod"  # services
+TP = REPO / "inventories" / "examples" / "tp-across-nodes"  # the one-model form (vllm_service_*)
+
+
+def prod(tmp_path: Path, source: Path = PROD) -> Path:
     inventory = tmp_path / "inv"
-    shutil.copytree(REPO / "inventories" / "prod", inventory)
+    shutil.copytree(source, inventory)
     group_vars = inventory / "group_vars" / "gpu_nodes.yml"
     group_vars.write_text(
-        group_vars.read_text().replace("../../models/Qwen2.5-1.5B-Instruct/config.json", str(CONFIG))
+        re.sub(r"(\.\./)+models/Qwen2\.5-1\.5B-Instruct/config\.json", str(CONFIG), group_vars.read_text())
     )
     return inventory
 
@@ -77,8 +82,8 @@ def edited(tmp_path: Path, relpath: str, old: str | None, new: str) -> Path:
     return inventory
 
 
-def appended(tmp_path: Path, relpath: str, data: bytes) -> Path:
-    inventory = prod(tmp_path)
+def appended(tmp_path: Path, relpath: str, data: bytes, source: Path = PROD) -> Path:
+    inventory = prod(tmp_path, source)
     with (inventory / relpath).open("ab") as out:
         out.write(data)
     return inventory
@@ -124,7 +129,7 @@ CASES: dict[str, Case] = {
         lambda t: ["validate", "-i", str(edited(t, "hosts.yml", "memory_gib: 23.69", "memory_gib: .nan"))],
         1, "gpufleet_gpu_memory_gib: found nan; expected a finite number"),
     "validate cpu offload .inf": (
-        lambda t: ["validate", "-i", str(appended(t, "group_vars/gpu_nodes.yml", b"vllm_service_cpu_offload_gb: .inf\n"))],
+        lambda t: ["validate", "-i", str(appended(t, "group_vars/gpu_nodes.yml", b"vllm_service_cpu_offload_gb: .inf\n", TP))],
         1, "vllm_service_cpu_offload_gb: found inf; expected a finite number"),
     "validate node IP out of range": (
         lambda t: ["validate", "-i", str(edited(t, "hosts.yml", "node_ip: 10.10.0.10", "node_ip: 10.10.0.300"))],

@@ -251,9 +251,10 @@ def test_missing_inventory_is_a_usage_error(
 
 @pytest.mark.slow
 def test_inventory_is_planned(gpufleet: Run, capsys: pytest.CaptureFixture[str]) -> None:
-    # The example production inventory (read by ansible-core): Qwen2.5-1.5B, TP 2 over an RTX 3090 (23.69
-    # GiB) and an H800, max_model_len 8192; `gpufleet validate` finds it valid, so the plan has no error.
-    code = gpufleet("-i", str(REPO / "inventories" / "prod"), "--json")
+    # The example of one instance over two servers (read by ansible-core): Qwen2.5-1.5B, TP 2 over an RTX
+    # 3090 (23.69 GiB) and an H800, max_model_len 8192; `gpufleet validate` finds it valid, so the plan has
+    # no error.
+    code = gpufleet("-i", str(REPO / "inventories" / "examples" / "tp-across-nodes"), "--json")
     data = json.loads(capsys.readouterr().out)
     assert code == 0, data["errors"]
     assert data["errors"] == []

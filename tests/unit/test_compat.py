@@ -145,9 +145,11 @@ def test_ray_cluster_start_ray_false_means_mp_and_refuses_the_ray_executor() -> 
     assert check_executor("ray", V0101, start_ray=True) == ("ray", [])
 
 
-def prod_copy(tmp_path: Path, **variables: object) -> Path:
-    inventory = tmp_path / "prod"
-    shutil.copytree(REPO / "inventories" / "prod", inventory)
+def tp_copy(tmp_path: Path, **variables: object) -> Path:
+    """A copy of the one-model example (inventories/prod's servers and versions, one TP=2 instance) with
+    ``variables`` set for the whole fleet."""
+    inventory = tmp_path / "tp-across-nodes"
+    shutil.copytree(REPO / "inventories" / "examples" / "tp-across-nodes", inventory)
     group_vars = inventory / "group_vars" / "gpu_nodes.yml"
     data = yaml.safe_load(group_vars.read_text())
     data["gpufleet_model_config"] = str(REPO / "models" / "Qwen2.5-1.5B-Instruct" / "config.json")
@@ -157,19 +159,20 @@ def prod_copy(tmp_path: Path, **variables: object) -> Path:
 
 
 def test_validate_accepts_the_prod_defaults(tmp_path: Path) -> None:
-    result = validate_inventory(prod_copy(tmp_path))
+    assert validate_inventory(REPO / "inventories" / "prod").problems == []  # services
+    result = validate_inventory(tp_copy(tmp_path))  # the same versions, one instance over both servers
     assert result.problems == []
 
 
 def test_validate_refuses_the_old_pair_in_one_line(tmp_path: Path) -> None:
-    result = validate_inventory(prod_copy(tmp_path, nvidia_driver_version="550.163.01"))
+    result = validate_inventory(tp_copy(tmp_path, nvidia_driver_version="550.163.01"))
     (problem,) = result.problems
     assert problem.variable == "ray_cluster_image"
     assert "550.163.01" in str(problem) and "RTX 3090" in str(problem) and "\n" not in str(problem)
 
 
 def test_validate_refuses_the_ray_executor_without_ray_started(tmp_path: Path) -> None:
-    inventory = prod_copy(tmp_path, vllm_service_executor="ray", ray_cluster_start_ray=False)
+    inventory = tp_copy(tmp_path, vllm_service_executor="ray", ray_cluster_start_ray=False)
     (problem,) = validate_inventory(inventory).problems
     assert problem.variable == "vllm_service_executor" and "ray_cluster_start_ray is false" in str(problem)
 

@@ -19,7 +19,7 @@ from gpufleet.problems import InventoryError
 from .conftest import InventoryFactory, head_vars
 from .test_commands_check_first import gpufleet, tripwire  # noqa: F401  (tripwire: the fixture)
 from .test_pd import inventory as pd_inventory
-from .test_validate_model_config import prod_with_config
+from .test_validate_model_config import tp_with_config
 
 FORM = re.compile(r"^[^\n]+: [^\n]+: found [^\n]+; expected [^\n]+\. Fix: [^\n]+$")
 
@@ -138,14 +138,14 @@ def test_a_pd_config_key_not_in_vllms_spelling_is_refused(tmp_path: Path, key: A
     ],
 )
 def test_a_config_section_that_is_no_object_is_refused(tmp_path: Path, section: str, value: Any) -> None:
-    found = lines(prod_with_config(tmp_path, **{section: value}))
+    found = lines(tp_with_config(tmp_path, **{section: value}))
     assert len(found) == 1 and f": {section}: found {value!r}; expected a JSON object" in found[0], found
 
 
 def test_a_planner_refusal_is_one_line_naming_the_file_and_key(tmp_path: Path) -> None:
     config = json.loads((Path(__file__).parents[2] / "models/Qwen2.5-1.5B-Instruct/config.json").read_text())
     moe = config | {"num_local_experts": 8, "num_experts_per_tok": 16}
-    (line,) = lines(prod_with_config(tmp_path, whole=moe))
+    (line,) = lines(tp_with_config(tmp_path, whole=moe))
     assert line.startswith(
         str(tmp_path / "config.json") + ": num_experts_per_tok: found 16 with 8 experts"
     ), line

@@ -20,7 +20,7 @@ from gpufleet.fleet import load, validate_inventory
 from gpufleet.planner.vllm_archs import VLLM_VERSION
 from gpufleet.runner import DeployReport
 
-from .test_compat import prod_copy
+from .test_compat import tp_copy
 
 REPO = Path(__file__).resolve().parents[2]
 OLD = "vllm/vllm-openai:v0.10.1.1"
@@ -100,7 +100,7 @@ def test_a_post_release_of_the_planned_version_is_the_same_release() -> None:
 
 
 def test_validate_warns_but_accepts_an_image_of_another_vllm(tmp_path: Path) -> None:
-    result = validate_inventory(prod_copy(tmp_path, ray_cluster_image=OLD))
+    result = validate_inventory(tp_copy(tmp_path, ray_cluster_image=OLD))
     assert result.problems == []
     (warning,) = version_warnings(result.warnings)
     assert warning.startswith("group gpu_nodes: ray_cluster_image: found vllm/vllm-openai:v0.10.1.1, which ")
@@ -108,7 +108,7 @@ def test_validate_warns_but_accepts_an_image_of_another_vllm(tmp_path: Path) -> 
 
 
 def test_validate_of_the_prod_defaults_has_no_version_warning(tmp_path: Path) -> None:
-    assert version_warnings(validate_inventory(prod_copy(tmp_path)).warnings) == []
+    assert version_warnings(validate_inventory(tp_copy(tmp_path)).warnings) == []
 
 
 def bundle_holding(tmp_path: Path, vllm: str) -> Path:
@@ -129,7 +129,7 @@ def test_validate_takes_the_version_from_the_bundle_lock(tmp_path: Path) -> None
     """The lock records what the bundle build read from the image: it overrides what the tag says."""
     bundle = bundle_holding(tmp_path, "0.23.1")
     tagged = "vllm/vllm-openai:v0.24.0"
-    inventory = prod_copy(tmp_path, gpufleet_bundle_dir=str(bundle), ray_cluster_image=tagged)
+    inventory = tp_copy(tmp_path, gpufleet_bundle_dir=str(bundle), ray_cluster_image=tagged)
     result = validate_inventory(inventory)
     assert result.problems == []
     (warning,) = version_warnings(result.warnings)
@@ -138,7 +138,7 @@ def test_validate_takes_the_version_from_the_bundle_lock(tmp_path: Path) -> None
 
 def test_a_fleet_without_gpus_is_not_planned_so_not_compared(tmp_path: Path) -> None:
     """The lab: its CPU image (vLLM 0.32) serves a fleet that gets no memory plan, so there is no caveat."""
-    inventory = prod_copy(tmp_path, ray_cluster_image="gpufleet/vllm-cpu:0.32.0", gpufleet_gpu=False)
+    inventory = tp_copy(tmp_path, ray_cluster_image="gpufleet/vllm-cpu:0.32.0", gpufleet_gpu=False)
     assert version_warnings(validate_inventory(inventory).warnings) == []
 
 
@@ -164,7 +164,7 @@ def plan_json(capsys: pytest.CaptureFixture[str]) -> PlanJson:
 
 @pytest.mark.slow
 def test_plan_names_its_version_and_warns_on_an_image_of_another(tmp_path: Path, plan_json: PlanJson) -> None:
-    code, data = plan_json("-i", str(prod_copy(tmp_path, ray_cluster_image="gpufleet/vllm-cpu:0.32.0")))
+    code, data = plan_json("-i", str(tp_copy(tmp_path, ray_cluster_image="gpufleet/vllm-cpu:0.32.0")))
     assert code == 0 and data["errors"] == []
     assert data["vllm_version"] == VLLM_VERSION
     (warning,) = version_warnings(data["warnings"])
@@ -175,19 +175,19 @@ def test_plan_names_its_version_and_warns_on_an_image_of_another(tmp_path: Path,
 
 
 def test_deploy_warns_for_the_image_given_on_its_command_line(tmp_path: Path) -> None:
-    fleet = load(prod_copy(tmp_path))
+    fleet = load(tp_copy(tmp_path))
     assert image_caveats(fleet, {}, None) == []
     (warning,) = image_caveats(fleet, {"ray_cluster_image": OLD}, None)
     assert warning.startswith("group gpu_nodes: ray_cluster_image: found vllm/vllm-openai:v0.10.1.1, which ")
 
 
 def test_deploy_reads_the_version_from_its_bundle(tmp_path: Path) -> None:
-    (warning,) = image_caveats(load(prod_copy(tmp_path)), {}, bundle_holding(tmp_path, "0.23.1"))
+    (warning,) = image_caveats(load(tp_copy(tmp_path)), {}, bundle_holding(tmp_path, "0.23.1"))
     assert "vLLM 0.23.1 (the bundle's lock, read from the image)" in warning
 
 
 def test_deploy_adds_no_caveat_for_a_fleet_without_gpus_or_an_unreadable_inventory(tmp_path: Path) -> None:
-    lab_like = prod_copy(tmp_path, ray_cluster_image="gpufleet/vllm-cpu:0.32.0", gpufleet_gpu=False)
+    lab_like = tp_copy(tmp_path, ray_cluster_image="gpufleet/vllm-cpu:0.32.0", gpufleet_gpu=False)
     assert image_caveats(load(lab_like), {}, None) == []
     assert image_caveats(load(tmp_path / "missing"), {"ray_cluster_image": OLD}, None) == []
 
@@ -195,7 +195,7 @@ def test_deploy_adds_no_caveat_for_a_fleet_without_gpus_or_an_unreadable_invento
 def test_deploys_report_carries_the_warning_after_its_own(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser(prog="gpufleet")
     deploy_command.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["deploy", "-i", str(prod_copy(tmp_path)), "-e", f"ray_cluster_image={OLD}"])
+    args = parser.parse_args(["deploy", "-i", str(tp_copy(tmp_path)), "-e", f"ray_cluster_image={OLD}"])
     report = DeployReport(ok=True, warnings=("a stale marker was taken over",))
     report = deploy_command.finished(report, load(args.inventory), args)
     assert report.ok and report.warnings[0] == "a stale marker was taken over"

@@ -187,3 +187,19 @@ def test_each_file_is_read_once_for_the_key_and_the_duplicate_check(
 
     files = sorted(path for path in prod.rglob("*") if path.is_file())
     assert files and sorted(reads) == files
+
+
+def test_a_runs_extra_vars_are_no_inventory_variables(prod: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside ansible-playbook (the placement lookup, the validate action) Ansible's VariableManager adds the
+    run's -e values: status's gpufleet_status_promql was read as an unknown inventory variable, and a reading
+    cached by the inventory's files alone would have kept it for the next `gpufleet validate`."""
+    from ansible import context
+    from ansible.module_utils.common.collections import ImmutableDict
+
+    monkeypatch.setenv("GPUFLEET_NO_CACHE", "1")
+    monkeypatch.setattr(
+        context, "CLIARGS", ImmutableDict(extra_vars=('{"gpufleet_status_promql": {"a": "up"}}',))
+    )
+    raw = read_inventory(prod)
+    assert raw.hosts and raw.problems == ()
+    assert all("gpufleet_status_promql" not in host.variables for host in raw.hosts)

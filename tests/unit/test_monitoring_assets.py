@@ -70,7 +70,25 @@ NODE_METRICS = {
     "node_network_receive_bytes_total",
     "node_network_transmit_bytes_total",
 }
-ALLOWED_METRICS = VLLM_METRICS | DCGM_METRICS | NODE_METRICS | {"up"}
+# vllm-router 0.1.17's own (its Prometheus port; read off a lab router), and the vLLM counter the services
+# dashboard splits by replica
+ROUTER_METRICS = {
+    "vllm_router_worker_health",
+    "vllm_router_requests_total",
+    "vllm_router_request_errors_total",
+    "vllm_router_generate_duration_seconds_bucket",
+    "vllm_router_processed_requests_total",
+}
+# what the services dashboard charts of vLLM, per replica
+SERVICES_VLLM_METRICS = {
+    "vllm:request_success_total",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc",
+    "vllm:time_to_first_token_seconds_bucket",
+}
+ALLOWED_METRICS = VLLM_METRICS | SERVICES_VLLM_METRICS | DCGM_METRICS | NODE_METRICS | ROUTER_METRICS | {"up"}
 # Names that mean the same thing in two vLLM generations: one query must ask for both.
 SAME_METRIC_PAIRS = [
     ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
@@ -80,6 +98,7 @@ SAME_METRIC_PAIRS = [
 DASHBOARDS = {
     "gpufleet-vllm.json": ("gpufleet-vllm", VLLM_METRICS),
     "gpufleet-gpu.json": ("gpufleet-gpu", DCGM_METRICS | NODE_METRICS | {"up"}),
+    "gpufleet-services.json": ("gpufleet-services", ROUTER_METRICS | SERVICES_VLLM_METRICS | {"up"}),
 }
 ALERTS = ALERT_NAMES
 
@@ -119,7 +138,7 @@ def rules() -> dict[str, dict[str, Any]]:
 # Dashboards --------------------------------------------------------------------------------------------
 
 
-def test_the_role_ships_both_dashboards() -> None:
+def test_the_role_ships_its_three_dashboards() -> None:
     assert sorted(dashboards()) == sorted(DASHBOARDS)
 
 

@@ -26,7 +26,7 @@ def lookup(what: str, inventory: Path, **options: Any) -> list[Any]:
 
 
 def test_each_replica_has_its_node_gpus_port_url_and_its_services_settings() -> None:
-    replicas = lookup("replicas", REPO / "inventories/examples/services")
+    replicas = lookup("replicas", REPO / "inventories/prod")
     assert [
         (r["id"], r["node"], r["nodes"], r["gpus"], r["port"], r["url"], r["executor"]) for r in replicas
     ] == [
@@ -46,7 +46,7 @@ def test_each_replica_has_its_node_gpus_port_url_and_its_services_settings() -> 
 
 def test_the_gateway_gets_a_router_per_service_with_its_replicas_as_workers(tmp_path: Path) -> None:
     inventory = tmp_path / "services"
-    shutil.copytree(REPO / "inventories/examples/services", inventory)
+    shutil.copytree(REPO / "inventories/prod", inventory)
     variables = inventory / "group_vars/gpu_nodes.yml"
     values = yaml.safe_load(variables.read_text(encoding="utf-8"))
     second = {**values["gpufleet_services"][0], "name": "other", "replicas": 1}
@@ -87,14 +87,15 @@ def test_the_gateway_gets_a_router_per_service_with_its_replicas_as_workers(tmp_
 
 
 def test_an_inventory_without_services_has_no_replicas_and_no_routers() -> None:
-    assert lookup("replicas", REPO / "inventories/prod") == []
-    assert lookup("gateway", REPO / "inventories/prod") == []
-    assert lookup("models", REPO / "inventories/prod") == []
+    one_model = REPO / "inventories/examples/tp-across-nodes"  # one instance, TP=2 over both servers
+    assert lookup("replicas", one_model) == []
+    assert lookup("gateway", one_model) == []
+    assert lookup("models", one_model) == []
 
 
 def test_an_invalid_inventory_or_term_is_refused_with_the_problems(tmp_path: Path) -> None:
     inventory = tmp_path / "services"
-    shutil.copytree(REPO / "inventories/examples/services", inventory)
+    shutil.copytree(REPO / "inventories/prod", inventory)
     variables = inventory / "group_vars/gpu_nodes.yml"
     values = yaml.safe_load(variables.read_text(encoding="utf-8"))
     values["gpufleet_services"].append(dict(values["gpufleet_services"][0]))  # the same name twice

@@ -855,11 +855,11 @@ def test_inventory_expert_parallel_variable_changes_weights_per_rank(tmp_path: P
     (tmp_path / "config.json").write_text(
         json.dumps(config | {"num_experts": 127, "num_hidden_layers": 4}), encoding="utf-8"
     )
-    inventory = tmp_path / "prod"
-    shutil.copytree(REPO / "inventories" / "prod", inventory)
+    inventory = tmp_path / "tp-across-nodes"
+    shutil.copytree(REPO / "inventories" / "examples" / "tp-across-nodes", inventory)
     group_vars = inventory / "group_vars" / "gpu_nodes.yml"
     text = group_vars.read_text(encoding="utf-8").replace(
-        "gpufleet_model_config: ../../models/Qwen2.5-1.5B-Instruct/config.json",
+        "gpufleet_model_config: ../../../models/Qwen2.5-1.5B-Instruct/config.json",
         f"gpufleet_model_config: {tmp_path / 'config.json'}",
     )
     group_vars.write_text(text, encoding="utf-8")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import PROD_INVENTORY, REPO, InventoryFactory
+from .conftest import PROD_INVENTORY, REPO, TP_INVENTORY, InventoryFactory
 
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 
@@ -41,7 +41,14 @@ def run_validate_tag(inventory: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.slow
 def test_valid_inventory_passes_preflight_validation() -> None:
-    result = run_validate_tag(PROD_INVENTORY)
+    result = run_validate_tag(PROD_INVENTORY)  # services: each replica planned on its own GPU
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ok: [gpu-head-01 -> localhost]" in result.stdout
+
+
+@pytest.mark.slow
+def test_the_planners_warnings_reach_ansibles_output() -> None:
+    result = run_validate_tag(TP_INVENTORY)  # one instance over an RTX 3090 and an H800: a warning
     assert result.returncode == 0, result.stdout + result.stderr
     assert "ok: [gpu-head-01 -> localhost]" in result.stdout
     assert "GPUs differ" in result.stderr + result.stdout  # the planner's warnings reach ansible's output

@@ -10,11 +10,16 @@ import pytest
 
 from gpufleet.cli import main
 from gpufleet.fleet import load, validate_inventory
-from gpufleet.fleet.services import not_deployable, place_fleet, services_of
+from gpufleet.fleet.services import not_deployable, place_fleet, served, services_of
 
-from .conftest import PROD_INVENTORY, REPO, InventoryFactory, head_vars
+from .conftest import (
+    PROD_INVENTORY,
+    PROD_KV_TOKENS_AS_ONE_INSTANCE,
+    TP_INVENTORY,
+    InventoryFactory,
+    head_vars,
+)
 
-EXAMPLE = REPO / "inventories" / "examples" / "services"
 ONE_MODEL = {  # the base inventory's one-model variables, cleared: services say their own
     name: None
     for name in (
@@ -42,14 +47,14 @@ def problems_of(path: Path) -> list[str]:
     return [str(problem) for problem in validate_inventory(path).problems]
 
 
-def test_the_example_places_one_replica_per_gpu_with_twice_the_kv_tokens_of_prod(
+def test_prod_places_one_replica_per_gpu_with_twice_the_kv_tokens_of_one_tp_instance(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """inventories/prod plans one TP=2 instance over both servers, sized by the 3090; the same servers as
-    services plan a replica per GPU, each on its own memory."""
-    assert main(["plan", "-i", str(PROD_INVENTORY), "--json"]) == 0
+    """The TP example plans one TP=2 instance over both servers, sized by the 3090; the same servers as
+    services (inventories/prod) plan a replica per GPU, each on its own memory."""
+    assert main(["plan", "-i", str(TP_INVENTORY), "--json"]) == 0
     one_instance = json.loads(capsys.readouterr().out)["kv_cache_tokens"]
-    assert main(["plan", "-i", str(EXAMPLE), "--json"]) == 0
+    assert main(["plan", "-i", str(PROD_INVENTORY), "--json"]) == 0
     planned = json.loads(capsys.readouterr().out)
     replicas = planned["replicas"]
     assert [(r["replica"], r["node"], r["members"], r["executor"]) for r in replicas] == [
@@ -62,15 +67,28 @@ def test_the_example_places_one_replica_per_gpu_with_twice_the_kv_tokens_of_prod
     assert head + worker >= 2 * one_instance
 
 
+def test_issue_35_is_done_prod_places_two_replicas_with_twice_the_kv_tokens_of_before(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 35's done-criterion: `gpufleet plan -i inventories/prod --json` places two replicas whose KV
+    tokens add up to at least twice those of the one TP=2 instance prod was before (1,352,112)."""
+    assert main(["plan", "-i", str(TP_INVENTORY), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["kv_cache_tokens"] == PROD_KV_TOKENS_AS_ONE_INSTANCE
+    assert main(["plan", "-i", str(PROD_INVENTORY), "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert (planned["errors"], len(planned["replicas"])) == ([], 2)
+    assert sum(r["kv_cache_tokens"] for r in planned["replicas"]) >= 2 * 1_352_112
+
+
 def test_the_table_shows_every_replica_and_the_service_total(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", "-i", str(EXAMPLE)]) == 0
+    assert main(["plan", "-i", str(PROD_INVENTORY)]) == 0
     out = capsys.readouterr().out
     assert "qwen-0" in out and "qwen-1" in out
     assert "qwen: 2 replica(s)" in out
 
 
 def test_an_inventory_before_services_is_one_service_with_one_replica_over_every_gpu() -> None:
-    fleet = load(PROD_INVENTORY).require()
+    fleet = load(TP_INVENTORY).require()
     (only,) = services_of(fleet)
     assert (only.name, only.replicas, only.model) == ("default", 1, fleet.model)
     assert only.serving.served_model_name == "qwen2.5-1.5b-instruct"  # what clients send, as before
@@ -78,6 +96,33 @@ def test_an_inventory_before_services_is_one_service_with_one_replica_over_every
     assert replica.id == "default"  # today's instance (vllm_service_instance_id): nothing moves
     assert [(m.node, m.gpus) for m in replica.members] == [("gpu-head-01", (0,)), ("gpu-worker-01", (0,))]
     assert (replica.executor, replica.port) == ("ray", 8000)
+
+
+@pytest.mark.parametrize(
+    ("services", "more", "said"),
+    [
+        (
+            [service("a", replicas=1), service("b", replicas="auto")],  # b takes the GPU a left
+            {},
+            "2 service(s): a (Qwen/Qwen2.5-1.5B-Instruct) as 1 replica(s) of 1 GPU(s); "
+            "b (Qwen/Qwen2.5-1.5B-Instruct) as 1 replica(s) of 1 GPU(s), replicas: auto",
+        ),
+        (
+            [service("a", replicas=3)],
+            {"gpufleet_gpu": False},  # the CPU build of vLLM (the lab): one-rank replicas, no GPU
+            "1 service(s): a (Qwen/Qwen2.5-1.5B-Instruct) as 3 replica(s) on CPU",
+        ),
+    ],
+    ids=["auto-and-a-number", "cpu"],
+)
+def test_validate_says_what_each_service_serves_as_placed(
+    make_inventory: InventoryFactory, services: list[dict[str, Any]], more: dict[str, Any], said: str
+) -> None:
+    """`gpufleet validate`'s summary names each service's model and its replicas as the planner placed them
+    (`auto` counted), not one model for the fleet."""
+    path = with_services(make_inventory, *services, **more)
+    assert problems_of(path) == []
+    assert served(load(path).require()) == said
 
 
 def test_hosts_may_name_groups(make_inventory: InventoryFactory) -> None:

@@ -239,3 +239,70 @@ def test_a_fleet_without_a_gateway_or_with_a_malformed_entry_reads_as_none(
     assert run_status(monkeypatch, tmp_path, healthy_facts()).gateway == ()
     odd = healthy_facts() | {"gpufleet_gateway": [{"port": "x"}, "text", router()]}
     assert [r.service for r in run_status(monkeypatch, tmp_path, odd).gateway] == ["qwen"]
+
+
+# ----- services: every replica, and each service up, degraded or down
+
+REPLICAS = (("tiny-0", "node1"), ("tiny-1", "node2"), ("tiny-2", "node3"), ("tiny-chat-0", "node1"))
+
+
+def services_facts(down: tuple[str, ...] = (), unit: str = "failed") -> dict[str, Any]:
+    """What status.yml publishes for a services fleet: each replica's state, ready = every replica ready."""
+    states = [
+        {"id": rid, "service": rid.rsplit("-", 1)[0], "node": host, "url": f"http://10.0.0.{i + 1}:8100",
+         "gpus": [], "unit": unit if rid in down else "active", "ready": rid not in down}
+        for i, (rid, host) in enumerate(REPLICAS)
+    ]  # fmt: skip
+    return healthy_facts() | {"gpufleet_replica_states": states, "gpufleet_vllm_ready": not down}
+
+
+def test_a_services_fleet_lists_every_replica_and_each_service_up(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    report = run_status(monkeypatch, tmp_path, services_facts())
+
+    assert report.ok and report.problems == []
+    assert [(r.id, r.node, r.ready) for r in report.replicas] == [(rid, host, True) for rid, host in REPLICAS]
+    assert report.services == {"tiny": "up", "tiny-chat": "up"}
+    assert report.endpoint is None and report.vllm is None  # no one endpoint: the replicas are listed
+    text = shown(report)
+    assert "service tiny: up" in text and "  tiny-1 on node2 (GPUs -) http://10.0.0.2:8100: ready" in text
+
+
+@pytest.mark.parametrize(
+    ("down", "services", "lines"),
+    [
+        (
+            ("tiny-1",),
+            {"tiny": "degraded", "tiny-chat": "up"},
+            ["replica tiny-1 on node2: not ready (its unit failed, http://10.0.0.2:8100)",
+             "service tiny: degraded, 2 of 3 replicas ready"],
+        ),
+        (
+            ("tiny-chat-0",),
+            {"tiny": "up", "tiny-chat": "down"},
+            ["replica tiny-chat-0 on node1: not ready (its unit failed, http://10.0.0.4:8100)",
+             "service tiny-chat: down, 0 of 1 replicas ready"],
+        ),
+    ],
+)  # fmt: skip
+def test_a_replica_not_ready_names_it_and_its_service_degraded_or_down(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    down: tuple[str, ...],
+    services: dict[str, str],
+    lines: list[str],
+) -> None:
+    report = run_status(monkeypatch, tmp_path, services_facts(down))
+
+    assert not report.ok
+    assert report.services == services
+    assert report.problems == lines
+    assert all(line in shown(report) for line in lines)
+    assert StatusReport.model_validate_json(report.model_dump_json()) == report
+
+
+def test_a_malformed_replica_entry_is_left_out(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    facts = services_facts()
+    facts["gpufleet_replica_states"] = [{"id": "x"}, "text", *facts["gpufleet_replica_states"][:1]]
+    assert [r.id for r in run_status(monkeypatch, tmp_path, facts).replicas] == ["tiny-0"]

@@ -12,7 +12,7 @@ from gpufleet.cli import main
 from gpufleet.fleet import load, load_fleet, plan_request_for_inventory, validate_inventory
 from gpufleet.problems import InventoryError
 
-from .conftest import PROD_INVENTORY, InventoryFactory, head_vars, worker_vars
+from .conftest import PROD_INVENTORY, TP_INVENTORY, InventoryFactory, head_vars, worker_vars
 
 
 def problems_of(path: Path) -> list[str]:
@@ -25,18 +25,24 @@ def only_problem(path: Path) -> str:
     return problems[0]
 
 
-def test_prod_inventory_is_valid() -> None:
-    result = validate_inventory(PROD_INVENTORY)
+@pytest.mark.parametrize("inventory", [PROD_INVENTORY, TP_INVENTORY], ids=["prod", "tp-across-nodes"])
+def test_prod_inventory_and_the_tp_example_are_valid(inventory: Path) -> None:
+    result = validate_inventory(inventory)
     assert result.problems == []
     assert result.fleet is not None
     assert [node.name for node in result.fleet.nodes] == ["gpu-head-01", "gpu-worker-01"]
     assert result.fleet.head.name == "gpu-head-01"
 
 
-def test_prod_inventory_warns_about_mixed_gpus_and_cross_node_tensor_parallelism() -> None:
-    warnings = " ".join(validate_inventory(PROD_INVENTORY).warnings)
+def test_the_tp_example_warns_about_mixed_gpus_and_cross_node_tensor_parallelism() -> None:
+    warnings = " ".join(validate_inventory(TP_INVENTORY).warnings)
     assert "RTX 3090" in warnings
     assert "tensor parallelism spans nodes" in warnings
+
+
+def test_prod_has_nothing_to_warn_about_with_a_replica_on_each_gpu() -> None:
+    """Each replica stays on its own GPU: no all-reduce over the network, no 3090 sizing the H800."""
+    assert validate_inventory(PROD_INVENTORY).warnings == []
 
 
 def test_loader_applies_ansible_precedence(make_inventory: InventoryFactory) -> None:
@@ -246,7 +252,7 @@ def test_unparsable_inventory(tmp_path: Path) -> None:
 
 
 def test_plan_request_for_inventory_uses_the_smallest_gpu() -> None:
-    request = plan_request_for_inventory(PROD_INVENTORY)
+    request = plan_request_for_inventory(TP_INVENTORY)
     assert [gpu.memory_gib for gpu in request.gpus] == [23.69, 79.18]
     assert request.tensor_parallel_size == 2
 
@@ -270,9 +276,18 @@ def test_load_fleet_raises_with_every_problem(make_inventory: InventoryFactory) 
 
 
 def test_cli_valid_exit_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "-i", str(TP_INVENTORY)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"{TP_INVENTORY}: valid — 2 node(s), head gpu-head-01, 2 GPU(s), model Qwen/Qwen2.5-1.5B-Instruct"
+    ]
+
+
+def test_cli_valid_says_each_service_with_its_model_and_replicas(capsys: pytest.CaptureFixture[str]) -> None:
+    """A services inventory serves no one model: the line names each service and the replicas placed."""
     assert main(["validate", "-i", str(PROD_INVENTORY)]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        f"{PROD_INVENTORY}: valid — 2 node(s), head gpu-head-01, 2 GPU(s), model Qwen/Qwen2.5-1.5B-Instruct"
+        f"{PROD_INVENTORY}: valid — 2 node(s), head gpu-head-01, 2 GPU(s), 1 service(s): "
+        "qwen (Qwen/Qwen2.5-1.5B-Instruct) as 2 replica(s) of 1 GPU(s), replicas: auto"
     ]
 
 

@@ -21,9 +21,10 @@ REPO = Path(__file__).resolve().parents[2]
 QWEN = REPO / "models" / "Qwen2.5-1.5B-Instruct" / "config.json"
 
 
-def prod_with_config(tmp_path: Path, whole: dict[str, object] | None = None, **changes: object) -> Path:
-    inventory = tmp_path / "prod"
-    shutil.copytree(REPO / "inventories" / "prod", inventory)
+def tp_with_config(tmp_path: Path, whole: dict[str, object] | None = None, **changes: object) -> Path:
+    """The one-model example (gpufleet_model_config) on a copy of Qwen2.5-1.5B's config.json, changed."""
+    inventory = tmp_path / "tp-across-nodes"
+    shutil.copytree(REPO / "inventories" / "examples" / "tp-across-nodes", inventory)
     config = whole if whole is not None else json.loads(QWEN.read_text(encoding="utf-8")) | changes
     config_file = tmp_path / "config.json"
     config_file.write_text(json.dumps(config), encoding="utf-8")
@@ -35,7 +36,7 @@ def prod_with_config(tmp_path: Path, whole: dict[str, object] | None = None, **c
 
 
 def test_validate_refuses_a_value_no_model_has(tmp_path: Path) -> None:
-    result = validate_inventory(prod_with_config(tmp_path, hidden_size=True))
+    result = validate_inventory(tp_with_config(tmp_path, hidden_size=True))
     (problem,) = [p for p in result.problems if p.variable == "hidden_size"]
     assert ": hidden_size: found True; expected a positive integer" in str(problem)
     assert problem.where == str(tmp_path / "config.json") and str(problem).count("Fix:") == 1
@@ -43,7 +44,7 @@ def test_validate_refuses_a_value_no_model_has(tmp_path: Path) -> None:
 
 
 def test_validate_refuses_architectures_as_a_string(tmp_path: Path) -> None:
-    result = validate_inventory(prod_with_config(tmp_path, architectures="Qwen2ForCausalLM"))
+    result = validate_inventory(tp_with_config(tmp_path, architectures="Qwen2ForCausalLM"))
     (problem,) = [p for p in result.problems if p.variable == "architectures"]
     assert ": architectures: found 'Qwen2ForCausalLM'; expected a list of class names" in str(problem)
 
@@ -60,7 +61,7 @@ def test_a_vision_model_is_unmodelled_not_wrong(tmp_path: Path) -> None:
     vision = {"model_type": "qwen2_5_vl", "text_config": config, "vision_config": {"depth": 32}}
     with pytest.raises(PlannerUnmodelledError):
         parse_arch(vision)
-    result = validate_inventory(prod_with_config(tmp_path, vision))
+    result = validate_inventory(tp_with_config(tmp_path, vision))
     assert not [p for p in result.problems if p.where == str(tmp_path / "config.json")]
     assert any("not planned" in warning for warning in result.warnings)
 

@@ -22,6 +22,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpufleet.fleet import validate_inventory  # noqa: PLC0415  (imports ansible: only when run)
+    from gpufleet.fleet.services import served  # noqa: PLC0415
 
     result = validate_inventory(args.inventory)
     if args.json:
@@ -47,6 +48,6 @@ def run(args: argparse.Namespace) -> int:
     fleet = result.fleet
     print(
         f"{args.inventory}: valid — {len(fleet.nodes)} node(s), head {fleet.head.name}, "
-        f"{fleet.total_gpus} GPU(s), model {fleet.model.repo}"
+        f"{fleet.total_gpus} GPU(s), {served(fleet)}"
     )
     return 0

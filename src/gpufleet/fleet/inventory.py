@@ -120,6 +120,10 @@ def _load_with_ansible(path: Path) -> tuple[list[RawHost], list[Problem]]:
         # The inventory alone: a persistent fact cache (ansible-runner's jsonfile, or the user's ansible.cfg)
         # holds the facts of this run's earlier tasks and of earlier runs, which are not inventory variables.
         variables._fact_cache = _NoFacts()
+        # And the inventory alone: inside ansible-playbook (the placement lookup, the validate action) Ansible
+        # adds the run's -e values, which are no inventory variables (the runner's own, such as status's
+        # gpufleet_status_promql, read as unknown ones) and which the cache, keyed by files, cannot see.
+        variables._extra_vars = {}
     except AnsibleError as error:
         first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise InventoryError(

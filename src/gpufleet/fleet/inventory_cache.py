@@ -20,7 +20,7 @@ from gpufleet.fleet.yaml_guard import MAX_FILE_BYTES, read_capped
 from gpufleet.problems import Problem
 
 # What the cache of read_inventory's result depends on, besides the inventory's own files.
-CACHE_FORMAT = 2  # 2: readings before it could hold a persistent fact cache's facts
+CACHE_FORMAT = 3  # 2: readings before it could hold a persistent fact cache's facts; 3: or a run's -e values
 ANSIBLE_CONFIGS = ("ansible.cfg", "~/.ansible.cfg", "/etc/ansible/ansible.cfg")
 # Files holding these are read through Ansible every time: a template may read the environment or other
 # files (lookup), a vaulted value needs a secret, a plugin or a script asks something outside the files.

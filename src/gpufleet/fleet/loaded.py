@@ -150,6 +150,11 @@ class Fleet:
         return control_host(self.raw) if self.raw is not None else None
 
     @property
+    def lists_services(self) -> bool:
+        """The inventory lists its models as services (``gpufleet_services``), not the one-model form."""
+        return self.raw is not None and any("gpufleet_services" in host.variables for host in self.raw.hosts)
+
+    @property
     def endpoint(self) -> Endpoint | None:
         """Where the service answers and its key file, as the inventory sets them (None: not knowable here).
 

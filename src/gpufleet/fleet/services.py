@@ -178,6 +178,24 @@ def place_fleet(fleet: FleetSpec) -> Placement:
     return place(head_first, shapes)
 
 
+def served(fleet: FleetSpec) -> str:
+    """What a valid fleet serves, for ``gpufleet validate``'s summary: the model of an inventory before
+    services; else each service with its model and the replicas placed (``replicas: auto`` counted)."""
+    if not fleet.services:
+        return f"model {fleet.model.repo}"
+    placement = place_fleet(fleet)
+    described = []
+    for service in fleet.services:
+        replicas = placement.of(service.name)
+        gpus = sum(len(member.gpus) for member in replicas[0].members) if replicas else 0
+        shape = (
+            f"{len(replicas)} replica(s) of {gpus} GPU(s)" if gpus else f"{len(replicas)} replica(s) on CPU"
+        )
+        asked = ", replicas: auto" if service.replicas == "auto" else ""
+        described.append(f"{service.name} ({service.model.repo}) as {shape}{asked}")
+    return f"{len(fleet.services)} service(s): " + "; ".join(described)
+
+
 def service_problems(fleet: FleetSpec) -> tuple[list[Problem], list[str]]:
     """What keeps the services from being placed, or a replica from starting on its own GPUs (the planner's
     errors, per replica); and the planner's warnings. A service without a config.json is not planned (a

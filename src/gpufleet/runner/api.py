@@ -129,6 +129,12 @@ def rollback(
     """Restore every node's ``previous`` revision (or ``current``: the last healthy one, after a change that
     failed outside deploy()), restart what changed and pass the health gate again (playbooks/rollback.yml)."""
     fleet = _fleet(inventory)
+    if fleet.lists_services:
+        raise DeployError(
+            f"{fleet.path}: gpufleet_services: found services, which keep no revisions yet (a deploy of "
+            "services rolls nothing back either); expected an inventory of the one-model form. Fix: deploy "
+            "the settings you want back (gpufleet deploy -i INVENTORY); nothing was changed"
+        )
     options = RunOptions.checked(fleet.path, project_dir=project_dir, timeout=timeout)
     first = spec(Step("rollback"), options)
     started = time.monotonic()
@@ -189,28 +195,31 @@ def status(
     timeout: int | None = None,
     cancel: Callable[[], bool] | None = None,
 ) -> StatusReport:
-    """Ray and vLLM as they run now (``playbooks/status.yml``, read-only)."""
+    """Ray and vLLM as they run now (``playbooks/status.yml``, read-only); for services, every replica and
+    each service up, degraded or down (``StatusReport.services``)."""
     options = RunOptions.checked(inventory, project_dir=project_dir, timeout=timeout)
     run = spec(Step("status", {"gpufleet_status_promql": PROMQL}, limit), options)
     results, facts = _run([run], progress, cancel)
     alive, expected = facts.ray_nodes_alive, facts.ray_nodes_expected
     ready = facts.vllm_ready
     ok = results[0].status == "ok" and ready and (alive is None or expected is None or alive >= expected)
+    services = bool(facts.replica_states)  # services: each replica's own state, no one endpoint
     report = StatusReport(
         ok=ok,
         ray_nodes_alive=None if alive is None else int(alive),
         ray_nodes_expected=None if expected is None else int(expected),
         ray_gpus=facts.ray_gpus,
         vllm_ready=ready,
-        endpoint=facts.endpoint,
-        served_model=facts.served_model,
-        vllm=facts.vllm,
+        endpoint=None if services else facts.endpoint,
+        served_model=None if services else facts.served_model,
+        vllm=None if services else facts.vllm,
         stage=results[0],
         ray_nodes_missing=facts.ray_nodes_missing,
         nodes=facts.nodes,
-        vllm_facts_stale=not ready and facts.vllm is not None,
-        load=facts.service_load if ready else None,
+        vllm_facts_stale=not services and not ready and facts.vllm is not None,
+        load=facts.service_load if ready and not services else None,
         gateway=facts.gateway,
+        replicas=facts.replica_states,
     )
     # Missing Ray nodes, a node's problems, nodes that run different images or model commits (version
     # skew): every line of report.problems makes the service not healthy.

@@ -31,6 +31,7 @@ PUBLISHED_FACTS = frozenset(
         "gpufleet_monitoring_endpoints",
         "gpufleet_rollback",
         "gpufleet_replicas",
+        "gpufleet_replica_states",
     }
 )
 # Facts each host publishes a part of (by key): the report takes them all.

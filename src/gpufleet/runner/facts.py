@@ -26,6 +26,8 @@ value set by any host in the run:
   and ``second``, the needed lines of two reads of /metrics ``seconds`` apart; or nothing.
 - ``gpufleet_replicas``: services (serve): a mapping of each replica's instance id to its service, node, url,
   gpus and facts (its ``gpufleet_vllm_facts``); every node publishes its own replicas, the report takes all.
+- ``gpufleet_replica_states``: services (status): every replica the planner placed, a list of mappings with
+  the fields of :class:`gpufleet.runner.report.ReplicaState` (its unit's state on its node, ready or not).
 - ``gpufleet_gateway``: the gateway's routers on the head (status), a list of mappings with the fields of
   :class:`gpufleet.runner.report.RouterState` (the gateway role's ``gateway_report``); empty without one.
 - ``gpufleet_monitoring_endpoints``: ``prometheus`` and ``grafana`` URLs and ``targets_up`` (monitoring).
@@ -40,7 +42,7 @@ says what it could read.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from ansible.module_utils.parsing.convert_bool import boolean
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -54,12 +56,15 @@ from gpufleet.runner.report import (
     NodeState,
     OrphanProcess,
     ReplicaReport,
+    ReplicaState,
     RouterState,
     ServiceLoad,
     VerifyResult,
 )
 from gpufleet.runner.service_load import from_metrics, from_prometheus
 from gpufleet.vllm_log import VllmFacts
+
+_Entry = TypeVar("_Entry", bound=BaseModel)
 
 
 class _Frozen(BaseModel):
@@ -100,6 +105,7 @@ class PublishedFacts(_Frozen):
     rollback: RolledBack | None = None
     gateway: tuple[RouterState, ...] = ()
     replicas: tuple[ReplicaReport, ...] = ()
+    replica_states: tuple[ReplicaState, ...] = ()
 
     @classmethod
     def read(cls, facts: Facts) -> PublishedFacts:
@@ -124,6 +130,7 @@ class PublishedFacts(_Frozen):
             rollback=_rolled_back(_mapping(values, "gpufleet_rollback")),
             gateway=_routers(values.get("gpufleet_gateway")),
             replicas=_replicas(_mapping(values, "gpufleet_replicas") or {}),
+            replica_states=_listed(ReplicaState, values.get("gpufleet_replica_states")),
         )
 
 
@@ -193,14 +200,19 @@ def _missing_nodes(value: object) -> tuple[MissingNode, ...]:
 
 
 def _routers(value: object) -> tuple[RouterState, ...]:
+    return _listed(RouterState, value)
+
+
+def _listed(model: type[_Entry], value: object) -> tuple[_Entry, ...]:
+    """A published list's entries as ``model``; an entry not as contracted is left out, as every fact is."""
     entries = value if isinstance(value, list) else []
-    routers = []
+    listed = []
     for entry in entries:
         try:
-            routers.append(RouterState.model_validate(entry))
+            listed.append(model.model_validate(entry))
         except ValidationError:
-            continue  # a router whose entry is not as contracted is left out, as every fact is
-    return tuple(routers)
+            continue
+    return tuple(listed)
 
 
 def _service_load(published: Mapping[str, Any]) -> ServiceLoad | None:

@@ -286,6 +286,13 @@ def print_status_report(console: Console, report: StatusReport) -> None:
         ray += "; missing: " + ", ".join(node.host for node in report.ray_nodes_missing)
     console.print(f"Ray nodes alive: {ray}" + (f", {report.ray_gpus:g} GPUs" if report.ray_gpus else ""))
     console.print(f"vLLM ready: {'yes' if report.vllm_ready else 'no'}")
+    for name, state in report.services.items():
+        console.print(f"service {name}: {state}", highlight=False)
+        for replica in (r for r in report.replicas if r.service == name):
+            gpus = ",".join(str(gpu) for gpu in replica.gpus) or "-"
+            ready = "ready" if replica.ready else f"not ready (unit {replica.unit})"
+            line = f"  {replica.id} on {replica.node} (GPUs {gpus}) {replica.url}: {ready}"
+            console.print(line, highlight=False)
     if report.load is not None:
         console.print(_load_line(report.load), highlight=False)
     for node in report.nodes:

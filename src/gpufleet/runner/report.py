@@ -237,6 +237,26 @@ class ReplicaReport(_Published):
     vllm: VllmFacts | None = None
 
 
+class ReplicaState(_Published):
+    """One replica of a service as the status playbook found it: its node's unit for it (systemd's state,
+    or "unreachable") and whether it lists its model on ``/v1/models`` (asked by the gateway host, with the
+    key)."""
+
+    id: str
+    service: str
+    node: str
+    url: str
+    gpus: tuple[int, ...] = ()
+    unit: str = "unknown"
+    ready: bool = False
+
+    @property
+    def problems(self) -> list[str]:
+        if self.ready:
+            return []
+        return [f"replica {self.id} on {self.node}: not ready (its unit {self.unit}, {self.url})"]
+
+
 class RouterState(_Published):
     """One service's router on the gateway host (the gateway role's facts): whether systemd runs it, its
     workers, and the ones the router itself finds healthy (``answered``: its metrics could be read)."""
@@ -300,13 +320,30 @@ class StatusReport(_Frozen):
     vllm_facts_stale: bool = False
     load: ServiceLoad | None = None
     gateway: tuple[RouterState, ...] = ()
+    replicas: tuple[ReplicaState, ...] = ()  # services: every replica the planner placed
+
+    @property
+    def services(self) -> dict[str, Literal["up", "degraded", "down"]]:
+        """Each service by its replicas: up (all ready), degraded (some), down (none); {} for one model."""
+        ready: dict[str, list[bool]] = {}
+        for replica in self.replicas:
+            ready.setdefault(replica.service, []).append(replica.ready)
+        return {
+            name: "up" if all(seen) else ("degraded" if any(seen) else "down") for name, seen in ready.items()
+        }
 
     @property
     def problems(self) -> list[str]:
-        """One line per missing Ray node, per problem of a node and per router that is down or has taken a
-        worker out (empty when nothing is wrong)."""
+        """One line per missing Ray node, per problem of a node, per replica not ready, per service not up and
+        per router that is down or has taken a worker out (empty when nothing is wrong)."""
         said = [f"Ray does not report {m.host}: {m.why}" for m in self.ray_nodes_missing]
         said += [line for node in self.nodes for line in node.problems]
+        said += [line for replica in self.replicas for line in replica.problems]
+        for name, state in self.services.items():
+            if state != "up":
+                replicas = [r for r in self.replicas if r.service == name]
+                ready = sum(1 for r in replicas if r.ready)
+                said.append(f"service {name}: {state}, {ready} of {len(replicas)} replicas ready")
         said += [line for router in self.gateway for line in router.problems]
         for what in ("image_id", "model_revision"):
             runs = {node.host: getattr(node, what) for node in self.nodes if getattr(node, what)}
