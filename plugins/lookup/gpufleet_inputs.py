@@ -91,9 +91,11 @@ from ansible.plugins.lookup import LookupBase
 # role ran), so they are results, not inputs. tests/unit/test_converged_lookup.py keeps this list complete.
 RUN_TIME_FACTS = (
     "cuda_toolkit_installed_version",
+    "gateway_endpoint",
     "gateway_report",
     "gpufleet_endpoint",
     "gpufleet_gateway",
+    "gpufleet_gateway_endpoint",
     "gpufleet_monitoring_endpoints",
     "gpufleet_nodes",
     "gpufleet_pd_status",

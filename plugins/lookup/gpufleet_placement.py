@@ -20,7 +20,7 @@ description:
     C(models) gives each model the services serve once (repo, revision, dir), in the services' order;
     C(metrics) gives what Prometheus scrapes of them (the monitoring role's C(monitoring_extra_targets)) -
     each replica's vLLM (job C(vllm)) and each service's router (job C(router), on C(gateway_host)), with
-    labels C(node), C(service) (the name clients send as model) and C(replica).
+    labels C(node), C(service) (the service's name) and C(replica).
   - An inventory without C(gpufleet_services) (one model, one instance) gives an empty list for both.
 options:
   _terms:
@@ -61,7 +61,8 @@ _raw:
   description: >-
     For C(replicas): id, service, name (what clients send as model), node, nodes, gpus, port, url,
     executor, model (repo, revision, dir) and serving (the vllm_service_* settings, less the prefix).
-    For C(gateway): name, port, metrics_port and workers. For C(metrics): job, target (host:port), labels.
+    For C(gateway): name (the service's), model (what its clients send), port, metrics_port and workers.
+    For C(metrics): job, target (host:port), labels.
   type: list
   elements: dict
 """
@@ -143,7 +144,7 @@ class LookupModule(LookupBase):  # type: ignore[misc]
             {
                 "job": "vllm",
                 "target": replica["url"].removeprefix("http://"),
-                "labels": {"node": replica["node"], "service": replica["name"], "replica": replica["id"]},
+                "labels": {"node": replica["node"], "service": replica["service"], "replica": replica["id"]},
             }
             for replica in replicas
         ]
@@ -158,17 +159,20 @@ class LookupModule(LookupBase):  # type: ignore[misc]
         return vllm + routers
 
     def _gateway(self, replicas: list[dict[str, Any]]) -> list[Any]:
+        """A router per service (named as the service, its unit gpufleet-router@NAME), ``model`` the name its
+        clients send, its workers the service's replicas."""
         first_port, first_metrics = (
             int(self.get_option("first_port")),
             int(self.get_option("first_metrics_port")),
         )
-        names = list(dict.fromkeys(replica["name"] for replica in replicas))
+        services = list(dict.fromkeys(replica["service"] for replica in replicas))
         return [
             {
-                "name": name,
+                "name": service,
+                "model": next(replica["name"] for replica in replicas if replica["service"] == service),
                 "port": first_port + index,
                 "metrics_port": first_metrics + index,
-                "workers": [replica["url"] for replica in replicas if replica["name"] == name],
+                "workers": [replica["url"] for replica in replicas if replica["service"] == service],
             }
-            for index, name in enumerate(names)
+            for index, service in enumerate(services)
         ]

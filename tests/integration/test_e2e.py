@@ -584,7 +584,7 @@ def test_grafana_serves_the_provisioned_dashboards_to_the_admin_only(
     request = urllib.request.Request(url, headers={"Authorization": f"Basic {token}"})
     with urllib.request.urlopen(request, timeout=10) as response:  # the lab network only
         found = {dashboard["uid"] for dashboard in json.loads(response.read())}
-    assert found == {"gpufleet-vllm", "gpufleet-gpu"}
+    assert found == {board["uid"] for board in dashboards().values()}  # the three the role ships
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(url, timeout=10)  # anonymous access is off
     assert refused.value.code == 401
@@ -627,6 +627,7 @@ def test_a_killed_server_leaves_no_orphan_and_the_restarted_one_is_alone(
 # ----- the gateway's routers (issue 35): vllm-router per service on the head, in front of the deployed vLLM
 
 ROUTER_PORT = 8200
+EDGE_PORT = 8080  # the gateway's edge on the head, beside the deployment's own instance on 8000
 # On the head: lab.demo.chat through the router on loopback (the key on stdin: never in an argv or a log)
 CHAT_ON_HEAD = """
 import json, sys, urllib.error, urllib.request
@@ -668,22 +669,28 @@ def test_the_gateway_routes_to_vllm_with_the_key_restarts_and_is_removed(
 ) -> None:
     """The gateway role on the head, one service whose worker is the deployed vLLM, the router's wheel from
     the bundle: check mode changes nothing; the router answers on loopback with vLLM's answer, refuses no
-    key (vLLM's 401: the header is forwarded); a second run, given the same wheel off the bundle, changes
-    nothing; `status` shows the router and its healthy worker; kill -9 of the router is restarted by systemd;
-    the port answers nothing off the head; a run without the service removes it."""
+    key (vLLM's 401: the header is forwarded); the edge (HAProxy, from the bundle) answers this machine with
+    the same, 401 without the key and 404 for an unknown model, its key in a 0600 file; a second run, given
+    the same wheel off the bundle, changes nothing; `status` shows the router and its healthy worker; kill -9
+    of the router is restarted by systemd; the port answers nothing off the head; a run without the service
+    removes it and stops the edge."""
     head = lab.inventory.hosts[0]
     unit = "gpufleet-router@tiny.service"
     services = [
         {"name": "tiny", "port": ROUTER_PORT, "metrics_port": 29200, "workers": [f"http://{head.ip}:8000"]}
     ]
-    listed = gateway_vars(tmp_path, services, gpufleet_bundle_dir=str(deployment.bundle))
+    edge_port = str(EDGE_PORT)  # the edge (HAProxy) beside the deployment's own vLLM on 8000
+    listed = gateway_vars(
+        tmp_path, services, gpufleet_bundle_dir=str(deployment.bundle), gateway_edge_port=edge_port
+    )
     lock = yaml.safe_load((deployment.bundle / "bundle.lock.yml").read_text(encoding="utf-8"))
-    (wheel,) = [entry for entry in lock["files"] if entry["path"].startswith("gateway/")]
+    (wheel,) = [entry for entry in lock["files"] if entry["path"].startswith("gateway/vllm_router-")]
     explicit = gateway_vars(
         tmp_path,
         services,
         gateway_router_wheel=str(deployment.bundle / wheel["path"]),
         gateway_router_sha256=wheel["sha256"],
+        gateway_edge_port=edge_port,
     )
 
     checked = playbook(deployment.inventory, "gateway.yml", "-e", listed, "--check")
@@ -699,6 +706,16 @@ def test_the_gateway_routes_to_vllm_with_the_key_restarts_and_is_removed(
     assert direct_status == 200
     assert chat_on_head(lab, None)[0] == 401
     assert deployment.key not in first.stdout
+    edge = f"http://{head.ip}:{EDGE_PORT}/v1"  # the edge answers this machine; the key checked at the door
+    assert chat(edge, deployment.key, "tiny")[1]["choices"][0]["message"] == direct["choices"][0]["message"]
+    assert [chat(edge, key, model)[0] for key, model in ((None, "tiny"), (deployment.key, "nope"))] == [
+        401,
+        404,
+    ]
+    assert lab.ssh(head.name, ["stat", "-c", "%a %U", "/etc/haproxy/gpufleet-keys.map"]).stdout.split() == [
+        "600",
+        "root",
+    ]
     seen = status(deployment.inventory)  # the router's own view of its worker, through playbooks/status.yml
     assert [(r.service, r.port, r.active, r.workers, r.healthy) for r in seen.gateway] == [
         ("tiny", ROUTER_PORT, "active", (f"http://{head.ip}:8000",), (f"http://{head.ip}:8000",))
@@ -723,6 +740,8 @@ def test_the_gateway_routes_to_vllm_with_the_key_restarts_and_is_removed(
     removed = playbook(deployment.inventory, "gateway.yml", "-e", gateway_vars(tmp_path, []))
     assert removed.returncode == 0, removed.stdout[-3000:]
     assert lab.ssh(head.name, ["systemctl", "is-active", unit]).stdout.strip() != "active"
+    with pytest.raises(OSError):  # no service, no edge
+        socket.create_connection((head.ip, EDGE_PORT), timeout=5).close()
     assert lab.ssh(head.name, ["test", "-e", "/etc/gpufleet/gateway/tiny.json"]).returncode != 0
 
 
@@ -742,7 +761,9 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
     tiny-chat-0 and the deployment's own instance in one container), and the report lists them; both
     services answer by name through their routers, and 60 requests to tiny reach each of its 3 replicas at
     least 10 times (round robin); no key gets a 401; the replicas' ports refuse this machine (they answer
-    the gateway host only); `status` lists every replica ready and both services up; Prometheus scrapes every
+    the gateway host only); the edge answers this machine for both services by name, 401 without the key,
+    404 for an unknown model and lists both models; `status` lists every replica ready and both services up;
+    Prometheus scrapes every
     replica and router and each panel of the services dashboard has data; a second run changes
     nothing; stopping one replica leaves the other instances of its container running (no instance counts
     another's processes as its orphans), and `status` then names it and says its service is down."""
@@ -751,7 +772,8 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
         tmp_path / "services",
         LAB_SERVICES,
         api_key_file(deployment.inventory),
-        {"gpufleet_monitoring": True},
+        # the edge's port: the deployment's own instance keeps 8000 on the head
+        {"gpufleet_monitoring": True, "gateway_edge_port": EDGE_PORT},
     )
     head, *_ = hosts = lab.inventory.hosts
     placed = {"tiny-0": (hosts[0], 8100), "tiny-1": (hosts[1], 8100), "tiny-2": (hosts[2], 8100)}
@@ -784,6 +806,13 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
         assert requests_on_head(lab, deployment.key, "tiny-chat", ROUTER_PORT + 1, 2) == [200, 200]
         assert served_on_head(lab, urls)["tiny-chat-0"] - before["tiny-chat-0"] == 2
         assert requests_on_head(lab, None, "tiny", ROUTER_PORT, 1) == [401]
+        # the edge, from this machine as a client: both services by name, the key at the door, unknown models
+        edge = f"http://{head.ip}:{EDGE_PORT}/v1"
+        assert report.endpoint == edge
+        assert [chat(edge, deployment.key, model, "Hi")[0] for model in ("tiny", "tiny-chat")] == [200, 200]
+        assert chat(edge, None, "tiny", "Hi")[0] == 401 and chat(edge, "wrong", "tiny", "Hi")[0] == 401
+        assert chat(edge, deployment.key, "no-such-model", "Hi")[0] == 404
+        assert [model["id"] for model in listed_models(edge, deployment.key)] == ["tiny", "tiny-chat"]
         up = status(inventory)  # every replica on its node, ready, and each service up
         assert up.ok and up.vllm_ready, up.problems
         assert sorted((r.id, r.node, r.unit, r.ready) for r in up.replicas) == sorted(
@@ -846,6 +875,14 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
             extra_vars={"gpufleet_monitoring": True},
         )
         assert restored.ok, failures(restored)
+
+
+def listed_models(endpoint: str, key: str) -> list[dict[str, Any]]:
+    """GET /v1/models with the key: the models (OpenAI's format)."""
+    request = urllib.request.Request(f"{endpoint}/models", headers={"Authorization": f"Bearer {key}"})
+    with urllib.request.urlopen(request, timeout=30) as response:  # the lab network only
+        data: list[dict[str, Any]] = json.loads(response.read())["data"]
+    return data
 
 
 def requests_on_head(lab: RunningLab, key: str | None, model: str, port: int, count: int) -> list[int]:

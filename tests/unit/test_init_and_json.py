@@ -32,7 +32,8 @@ def init(tmp_path: Path, *extra: str) -> int:
 def test_init_writes_an_inventory_that_validates_and_plans(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert init(tmp_path) == 0
+    """The one-model form (--one-instance): one instance over every GPU. Services: test_init_services.py."""
+    assert init(tmp_path, "--one-instance") == 0
     result = validate_inventory(tmp_path / "inv")
     assert result.problems == []
     assert result.fleet is not None

@@ -43,8 +43,10 @@ def arguments(directory: Path, changes: dict[str, str | None], *extra: str) -> l
     return [*args, *extra]
 
 
-def refused(directory: Path, changes: dict[str, str | None], capsys: pytest.CaptureFixture[str]) -> list[str]:
-    code = main(arguments(directory, changes, "--json"))
+def refused(
+    directory: Path, changes: dict[str, str | None], capsys: pytest.CaptureFixture[str], *extra: str
+) -> list[str]:
+    code = main(arguments(directory, changes, *extra, "--json"))
     out = json.loads(capsys.readouterr().out)
     assert code == 2 and out["ok"] is False, out
     return list(out["problems"])
@@ -75,17 +77,25 @@ REFUSED: dict[str, tuple[dict[str, str | None], str, str]] = {
 }
 
 
+# Each form init writes: services (the default) and the one-model form.
+FORMS = {"services": (), "one instance": ("--one-instance",)}
+# A word of a case that names another variable in the services form.
+IN_SERVICES = {"gpufleet_model_repo": "gpufleet_services[].model.repo"}
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_init_refuses_what_validate_would_refuse_and_writes_nothing(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, form: str
 ) -> None:
     changes, option, word = REFUSED[case]
+    word = IN_SERVICES.get(word, word) if form == "services" else word
     if "--worker" in changes:  # a worker is added, not replaced
         changes = changes | {"--head": GOOD["--head"]}
     if case == "a GPU too small for the model":
-        problems = refused(tmp_path / "inv", changes | {"--model-config": str(CONFIG)}, capsys)
+        problems = refused(tmp_path / "inv", changes | {"--model-config": str(CONFIG)}, capsys, *FORMS[form])
     else:
-        problems = refused(tmp_path / "inv", changes, capsys)
+        problems = refused(tmp_path / "inv", changes, capsys, *FORMS[form])
     assert problems and all(LINE.match(problem) for problem in problems), problems
     assert any(option in problem and word in problem for problem in problems), problems
     assert not (tmp_path / "inv").exists()

@@ -63,13 +63,20 @@ def test_the_gateway_gets_a_router_per_service_with_its_replicas_as_workers(tmp_
     )
 
     assert lookup("gateway", inventory, first_port=9000, first_metrics_port=9100) == [
-        {
-            "name": "qwen2.5-1.5b-instruct",
+        {  # a router per service, named as the service (a unit name); model: what its clients send
+            "name": "qwen",
+            "model": "qwen2.5-1.5b-instruct",
             "port": 9000,
             "metrics_port": 9100,
             "workers": ["http://10.10.0.10:8100", "http://10.10.0.11:8100"],
         },
-        {"name": "other", "port": 9001, "metrics_port": 9101, "workers": ["http://10.10.0.10:8101"]},
+        {
+            "name": "other",
+            "model": "other",
+            "port": 9001,
+            "metrics_port": 9101,
+            "workers": ["http://10.10.0.10:8101"],
+        },
     ]
     assert lookup("models", inventory) == [  # both services serve the one model: fetched once
         {
@@ -102,5 +109,7 @@ def test_an_invalid_inventory_or_term_is_refused_with_the_problems(tmp_path: Pat
     variables.write_text(yaml.safe_dump(values), encoding="utf-8")
     with pytest.raises(AnsibleError, match="found 'qwen' twice"):
         lookup("replicas", inventory)
-    with pytest.raises(AnsibleError, match="found 'nodes'; expected one of replicas, gateway, models"):
+    with pytest.raises(
+        AnsibleError, match="found 'nodes'; expected one of replicas, gateway, models, metrics"
+    ):
         lookup("nodes", REPO / "inventories/prod")

@@ -12,10 +12,10 @@ def test_every_replica_and_every_router_is_a_scrape_target_with_its_labels() -> 
     targets = lookup("metrics", REPO / "inventories/prod")
     assert targets == [
         {"job": "vllm", "target": "10.10.0.10:8100",
-         "labels": {"node": "gpu-head-01", "service": "qwen2.5-1.5b-instruct", "replica": "qwen-0"}},
+         "labels": {"node": "gpu-head-01", "service": "qwen", "replica": "qwen-0"}},
         {"job": "vllm", "target": "10.10.0.11:8100",
-         "labels": {"node": "gpu-worker-01", "service": "qwen2.5-1.5b-instruct", "replica": "qwen-1"}},
-        {"job": "router", "target": "127.0.0.1:29200", "labels": {"service": "qwen2.5-1.5b-instruct"}},
+         "labels": {"node": "gpu-worker-01", "service": "qwen", "replica": "qwen-1"}},
+        {"job": "router", "target": "127.0.0.1:29200", "labels": {"service": "qwen"}},
     ]  # fmt: skip
     moved = lookup("metrics", REPO / "inventories/prod", gateway_host="10.0.0.9", first_metrics_port=30000)
     assert moved[-1]["target"] == "10.0.0.9:30000"

@@ -108,7 +108,7 @@ def _repo_unit(name: str, folder: str, version: str, repo: DebianRepoSource, opt
     def make(ctx: BuildContext, dest: Path) -> None:
         fetch_debian_repo(ctx, repo, dest)
 
-    return Unit(name, folder, version, describe(repo.suite, repo.packages), make, optional)
+    return Unit(name, folder, version, describe(repo.suites, repo.packages), make, optional)
 
 
 def _docker_units(manifest: Manifest) -> Iterator[Unit]:
@@ -153,6 +153,8 @@ def _gateway_units(manifest: Manifest) -> Iterator[Unit]:
     yield Unit(
         "router", router.bundle_path(), router.version, _source_text(router.source), _get_file(router.source)
     )
+    if (edge := gateway.edge) is not None:  # roles/gateway reads it at gateway/edge
+        yield _repo_unit("edge", "gateway/edge", edge.version, edge.repo, False)
 
 
 def _nvidia_units(manifest: Manifest) -> Iterator[Unit]:

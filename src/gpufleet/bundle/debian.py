@@ -12,11 +12,11 @@ import os
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gpufleet.bundle.fetch import BuildContext, BuildError, run
-from gpufleet.bundle.manifest import DebianBinariesSource, DebianRepoSource
+from gpufleet.bundle.manifest import AptSource, DebianBinariesSource, DebianRepoSource
 
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 # Binaries of Docker's official static tarball (docker-<version>.tgz holds docker/<binary>).
@@ -41,20 +41,30 @@ def describe(suite: str, packages: Mapping[str, str]) -> str:
 
 
 class Apt:
-    """apt-get with a private configuration for one mirror + suite."""
+    """apt-get with a private configuration for one mirror + suite (and the sources in ``also``)."""
 
     def __init__(
-        self, ctx: BuildContext, mirror: str, suite: str, components: list[str], status: Path | None = None
+        self,
+        ctx: BuildContext,
+        mirror: str,
+        suite: str,
+        components: list[str],
+        status: Path | None = None,
+        *,
+        also: Sequence[AptSource] = (),
     ) -> None:
         """``status``: a dpkg status file of the target (default: empty, i.e. download for a bare system)."""
-        self.root = ctx.work / "apt" / suite
-        self.what = f"debian:{suite}"
+        suites = "+".join([suite, *(source.suite for source in also)])
+        self.root = ctx.work / "apt" / suites
+        self.what = f"debian:{suites}"
         (self.root / "lists" / "partial").mkdir(parents=True, exist_ok=True)
         (self.root / "archives" / "partial").mkdir(parents=True, exist_ok=True)
         (self.root / "status").touch()
         status = status or self.root / "status"
-        line = f"deb [signed-by={KEYRING}] {mirror} {suite} {' '.join(components)}\n"
-        (self.root / "sources.list").write_text(line)
+        lines = [(mirror, suite, components), *((s.mirror, s.suite, s.components) for s in also)]
+        (self.root / "sources.list").write_text(
+            "".join(f"deb [signed-by={KEYRING}] {m} {s} {' '.join(c)}\n" for m, s, c in lines)
+        )
         self.options = [
             f"-oDir::Etc::SourceList={self.root / 'sources.list'}",
             "-oDir::Etc::SourceParts=/nonexistent",
@@ -198,7 +208,7 @@ def write_packages_index(repo: Path) -> None:
 
 def fetch_debian_repo(ctx: BuildContext, source: DebianRepoSource, dest: Path) -> None:
     """debian-repo source kind: pinned packages (+ dependencies) and a Packages index in ``dest``."""
-    apt = Apt(ctx, source.mirror, source.suite, source.components)
+    apt = Apt(ctx, source.mirror, source.suite, source.components, also=source.also)
     apt.download(source.packages, dest, with_dependencies=source.with_dependencies)
     write_packages_index(dest)
 

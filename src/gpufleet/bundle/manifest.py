@@ -85,15 +85,33 @@ class DebianBinariesSource(_Model):
     )
 
 
+class AptSource(_Model):
+    """One more apt source read together with a Debian source's own mirror and suite."""
+
+    mirror: str
+    suite: str
+    components: list[str] = Field(default_factory=lambda: ["main"])
+
+
 class DebianRepoSource(_Model):
-    """A local apt repository (Packages index + .debs) of pinned packages and their dependencies."""
+    """A local apt repository (Packages index + .debs) of pinned packages and their dependencies.
+
+    ``also``: more sources apt reads with ``mirror``/``suite``, e.g. the security suite, where a package's
+    security fix is published (HAProxy 2.6.12-1+deb12u4 is in bookworm-security only).
+    """
 
     kind: Literal["debian-repo"]
     suite: str = "bookworm"
     components: list[str] = Field(default_factory=lambda: ["main"])
     mirror: str = "http://deb.debian.org/debian"
+    also: list[AptSource] = Field(default_factory=list)
     packages: dict[str, Version] = Field(min_length=1)
     with_dependencies: bool = True
+
+    @property
+    def suites(self) -> str:
+        """Every suite apt reads, joined with + (the lock's source says them all)."""
+        return "+".join([self.suite, *(source.suite for source in self.also)])
 
 
 class DockerArchiveSource(_Model):
@@ -267,8 +285,16 @@ class RouterArtifact(_Model):
         return f"gateway/{self.source.file_name()}"
 
 
+class EdgeArtifact(_Model):
+    """The gateway's edge: Debian's HAProxy and what it needs, as a local apt repository (gateway/edge)."""
+
+    version: Version
+    repo: DebianRepoSource
+
+
 class GatewayArtifacts(_Model):
     router: RouterArtifact
+    edge: EdgeArtifact | None = None
 
 
 class WheelsArtifact(_Model):

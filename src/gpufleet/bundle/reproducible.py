@@ -37,7 +37,7 @@ def _debian(name: str, source: object) -> Iterator[str]:
     if isinstance(source, DebianRepoSource) and source.with_dependencies:
         yield (
             f"{name}: the dependencies of {', '.join(sorted(packages))} are resolved from "
-            f"debian:{source.suite} that day (a point release can change them)"
+            f"debian:{source.suites} that day (a point release can change them)"
         )
 
 

@@ -4,13 +4,17 @@ The rendered files go to a private temporary directory; ansible-core reads them 
 ``validate`` has) and the same validation runs on that reading, with relative paths taken from the real
 inventory directory, plus two things validation cannot know: the host names' rules
 (:mod:`gpufleet.fleet.host_names`) and that Ansible reads back every value as it was given (a value YAML
-reads as something else, say a GPU named ``null``, would pass validation as another value). Each problem is
-said with the option to change.
+reads as something else, say a GPU named ``null`` or a service named ``true``, would pass validation as
+another value; each field of a service is compared). Each problem is said with the option to change, a
+service's included (``--replicas``, ``--tensor-parallel-size``). A ``--model-config`` is read first, as the
+planner reads it (:func:`model_config_problem`).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -20,9 +24,11 @@ from pathlib import Path
 from gpufleet.fleet import Fleet, load
 from gpufleet.fleet.host_names import host_name_problems
 from gpufleet.fleet.raw import RawInventory
-from gpufleet.problems import Problem
+from gpufleet.fleet.services import VARIABLE as SERVICES
+from gpufleet.problems import Problem, merged
 
 PLANNER = "vllm_service_* (planner)"
+SERVICE_PLANNER = f"{SERVICES}[].serving (planner)"
 # The option that sets each variable init writes (HOST: --head for the head's, --worker for a worker's).
 OPTIONS = {
     "inventory_hostname": "HOST",
@@ -39,6 +45,16 @@ OPTIONS = {
     "vllm_service_tensor_parallel_size": "--gpus-per-node",
     "vllm_service_pipeline_parallel_size": "--worker",
     PLANNER: "--gpus-per-node, --worker, --gpu-memory-gib or --model",
+    # A service's fields (validation names them within the service; init's read-back with its index).
+    f"{SERVICES}[].name": "--model",
+    f"{SERVICES}[].model.repo": "--model",
+    f"{SERVICES}[].model.dir": "--model",
+    f"{SERVICES}[].model.config": "--model-config",
+    f"{SERVICES}[].replicas": "--replicas",
+    f"{SERVICES}[].tensor_parallel_size": "--tensor-parallel-size",
+    f"{SERVICES}[].serving.tensor_parallel_size": "--tensor-parallel-size",
+    f"{SERVICES}[].serving.served_model_name": "--model",
+    SERVICE_PLANNER: "--tensor-parallel-size, --gpus-per-node, --gpu-memory-gib or --model",
 }
 FIXES = {
     "--head": "give the head as HOST=IP or HOST=SSH_IP,NODE_IP, e.g. --head gpu-head-01=192.0.2.10",
@@ -52,6 +68,13 @@ FIXES = {
     "--model-config": "pass a copy of the model's own config.json",
     OPTIONS[PLANNER]: "give more or larger GPUs, or a smaller model; `gpufleet plan --model CONFIG_JSON "
     "--gpu-memory-gib G --tensor-parallel-size T` shows what fits",
+    "--replicas": "give --replicas auto (as many as fit) or a number that fits; several --model share the "
+    "GPUs in their order, so give each its own, e.g. --replicas 4 --replicas auto",
+    "--tensor-parallel-size": "give the GPUs one replica needs, at most --gpus-per-node, e.g. "
+    "--tensor-parallel-size 2; a model too large for one node: --one-instance",
+    OPTIONS[SERVICE_PLANNER]: "give each replica more GPUs (--tensor-parallel-size, at most --gpus-per-node) "
+    "or larger ones, or a smaller model; `gpufleet plan --model CONFIG_JSON --gpu-memory-gib G "
+    "--tensor-parallel-size T` shows what fits; a model too large for one node: --one-instance",
 }
 
 
@@ -76,10 +99,36 @@ def check(directory: Path, files: Mapping[Path, str], intended: Intended) -> lis
             return [_said(problem, intended, copy, directory) for problem in read.problems]
         # Validated as `-i DIR/hosts.yml`: relative paths (the model's config.json) are taken from DIR.
         raw = replace(read.raw, path=directory / "hosts.yml")
-        problems = _read_back(raw, intended) + host_name_problems(raw)
+        problems = merged(_read_back(raw, intended)) + host_name_problems(raw)
         problems += Fleet(path=raw.path, raw=raw).validate().problems
     unique = dict.fromkeys(_said(problem, intended, copy, directory) for problem in problems)
     return list(unique)
+
+
+def model_config_problem(path: Path) -> str | None:
+    """--model-config's problem as one line, or None: the planner reads the file on every validate and plan,
+    so init refuses now what it would refuse then."""
+    said = f"gpufleet init: --model-config: {path}: found"
+    fix = "Fix: pass a copy of the model's own config.json (from its repository)"
+    if not path.is_file():
+        return f"{said} no such file; expected the model's config.json. Fix: pass the path of a copy of it"
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as error:
+        return (
+            f"{said} bytes that are not UTF-8 at offset {error.start}; expected the model's config.json "
+            f"(JSON text). {fix}"
+        )
+    except RecursionError:
+        return (
+            f"{said} JSON nested too deep to read; expected the model's config.json (a JSON object a few "
+            f"levels deep). {fix}"
+        )
+    except (OSError, ValueError) as error:
+        return f"{said} {str(error).splitlines()[0]}; expected the model's config.json (a JSON object). {fix}"
+    if not isinstance(data, dict):
+        return f"{said} a JSON {type(data).__name__}; expected a JSON object (the model's config.json). {fix}"
+    return None
 
 
 @contextmanager
@@ -123,28 +172,43 @@ def _read_back(raw: RawInventory, intended: Intended) -> list[Problem]:
                 )
             )
         for variable, value in {**variables, **intended.fleet_wide}.items():
-            found = read[name].variables.get(variable)
-            if repr(found) != repr(value):  # repr: 1 is not 1.0 nor "1", and nan is nan
-                problems.append(
-                    Problem(
-                        f"host {name}",
-                        variable,
-                        f"{found!r} in Ansible's reading of what init would write",
-                        f"{value!r}, as given",
-                        "give a value YAML reads as itself",
-                    )
+            problems += [
+                Problem(
+                    f"host {name}",
+                    path,
+                    f"{found!r} in Ansible's reading of what init would write",
+                    f"{given!r}, as given",
+                    "give a value YAML reads as itself",
                 )
+                for path, found, given in _differences(read[name].variables.get(variable), value, variable)
+            ]
     return problems
+
+
+def _differences(found: object, given: object, path: str) -> Iterator[tuple[str, object, object]]:
+    """Each value in ``given`` (nested in mappings and lists: a service) that ``found`` does not hold as it
+    is: its path, what was found, what was given. repr: 1 is not 1.0 nor "1", and nan is nan."""
+    if isinstance(given, Mapping) and isinstance(found, Mapping):
+        for key, value in given.items():
+            yield from _differences(found.get(key), value, f"{path}.{key}")
+    elif isinstance(given, list) and isinstance(found, list) and len(found) == len(given):
+        for index, (item, value) in enumerate(zip(found, given, strict=True)):
+            yield from _differences(item, value, f"{path}[{index}]")
+    elif repr(found) != repr(given):
+        yield path, found, given
 
 
 def _said(problem: Problem, intended: Intended, copy: Path, directory: Path) -> Problem:
     """The problem as init's: the option to change, the fix in its terms, paths in DIR, not the copy."""
-    option = OPTIONS.get(problem.variable)
+    # A service's problem is said within it (gpufleet_services[0] (name): replicas) or by its path in init's
+    # read-back (gpufleet_services[0].replicas): either is the same option.
+    within = f"{SERVICES}[]." if problem.where.startswith(SERVICES) else ""
+    option = OPTIONS.get(re.sub(r"\[\d+\]", "[]", within + problem.variable))
     if option == "HOST":
         if problem.where in (f"host {intended.head}", f"host {intended.head!r}"):
             option = "--head"
         else:
-            option = "--worker" if problem.where.startswith("host") else "--head/--worker"
+            option = "--worker" if problem.where.startswith("host ") else "--head/--worker"
     where = problem.where if problem.where.isprintable() else repr(problem.where)  # one line, always
     said = Problem(
         "gpufleet init",

@@ -66,6 +66,7 @@ RANGES: tuple[tuple[str, Range], ...] = (
     (r"vllm_service_max_num_seqs", Range(1, None, "sequences")),
     (r"gateway_health_check_interval", Range(1, None, "seconds")),
     (r"gateway_health_failure_threshold", Range(1, None, "failed checks")),
+    (r"gateway_edge_max_body_kib", Range(1, 1048576, "KiB")),
 )
 # Strings that name things on the node (a directory, a systemd unit instance): the whole value must match.
 PATTERNS: Mapping[str, tuple[str, str]] = {

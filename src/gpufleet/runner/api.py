@@ -103,8 +103,9 @@ def deploy(
         seconds=round(time.monotonic() - started, 3),
         stages=tuple(results),
         failed_stage=failed,
-        # with services each replica says its own (``replicas``): the last one published is not the fleet's
-        endpoint=None if facts.replicas else facts.endpoint,
+        # with services each replica says its own (``replicas``): the last one published is not the fleet's;
+        # the fleet's is the gateway's edge
+        endpoint=facts.gateway_endpoint if facts.replicas else facts.endpoint,
         served_model=None if facts.replicas else facts.served_model,
         vllm=None if facts.replicas else facts.vllm,
         verify=facts.verify,
@@ -210,7 +211,7 @@ def status(
         ray_nodes_expected=None if expected is None else int(expected),
         ray_gpus=facts.ray_gpus,
         vllm_ready=ready,
-        endpoint=None if services else facts.endpoint,
+        endpoint=facts.gateway_endpoint if services else facts.endpoint,
         served_model=None if services else facts.served_model,
         vllm=None if services else facts.vllm,
         stage=results[0],

@@ -28,6 +28,7 @@ PUBLISHED_FACTS = frozenset(
         "gpufleet_verify",
         "gpufleet_service_load",
         "gpufleet_gateway",
+        "gpufleet_gateway_endpoint",
         "gpufleet_monitoring_endpoints",
         "gpufleet_rollback",
         "gpufleet_replicas",

@@ -28,6 +28,8 @@ value set by any host in the run:
   gpus and facts (its ``gpufleet_vllm_facts``); every node publishes its own replicas, the report takes all.
 - ``gpufleet_replica_states``: services (status): every replica the planner placed, a list of mappings with
   the fields of :class:`gpufleet.runner.report.ReplicaState` (its unit's state on its node, ready or not).
+- ``gpufleet_gateway_endpoint``: services (verify, status): where clients reach them, the gateway's edge
+  (``http://HOST:PORT/v1``; empty without an edge).
 - ``gpufleet_gateway``: the gateway's routers on the head (status), a list of mappings with the fields of
   :class:`gpufleet.runner.report.RouterState` (the gateway role's ``gateway_report``); empty without one.
 - ``gpufleet_monitoring_endpoints``: ``prometheus`` and ``grafana`` URLs and ``targets_up`` (monitoring).
@@ -104,6 +106,7 @@ class PublishedFacts(_Frozen):
     monitoring: MonitoringEndpoints | None = None
     rollback: RolledBack | None = None
     gateway: tuple[RouterState, ...] = ()
+    gateway_endpoint: str | None = None
     replicas: tuple[ReplicaReport, ...] = ()
     replica_states: tuple[ReplicaState, ...] = ()
 
@@ -129,6 +132,7 @@ class PublishedFacts(_Frozen):
             monitoring=_monitoring(_mapping(values, "gpufleet_monitoring_endpoints") or {}),
             rollback=_rolled_back(_mapping(values, "gpufleet_rollback")),
             gateway=_routers(values.get("gpufleet_gateway")),
+            gateway_endpoint=str(values.get("gpufleet_gateway_endpoint") or "") or None,
             replicas=_replicas(_mapping(values, "gpufleet_replicas") or {}),
             replica_states=_listed(ReplicaState, values.get("gpufleet_replica_states")),
         )
