@@ -18,7 +18,7 @@ unexport PYTHONDONTWRITEBYTECODE
 demo: lab-prereqs $(STAMP)  ## validate and plan inventories/prod; then the air-gapped deployment on 3 lab hosts
 	$(BIN)/gpufleet validate -i inventories/prod
 	$(BIN)/gpufleet plan -i inventories/prod
-	$(BIN)/python -m gpufleet.lab.demo  # lab bundle, 3 offline lab hosts (lab "demo", left up), every stage, a chat
+	$(BIN)/python -m gpufleet.lab.demo  # lab bundle, 3 offline lab hosts (lab "demo", left up), two services, a chat with each
 
 test: lab-prereqs $(STAMP)  ## what CI runs: the pytest suite less the `heavy` tests, linters included (tests/test_lint.py)
 	$(BIN)/pytest $(PARALLEL) --durations=40 -m "not heavy" $(PYTEST_ARGS)

@@ -1,16 +1,22 @@
-"""What the gateway costs on the lab: one vllm-router (the gateway role) in front of the deployed vLLM,
-measured against vLLM directly, from the same host.
+"""What the gateway gives and costs on the lab: ``make demo``'s two services through the one endpoint (the
+edge, HAProxy, then a vllm-router per service), 1 replica against 3, and the edge against a replica directly.
 
-    make demo      # a deployed lab named demo, left up; its bundle (dist/lab-bundle) has the router's wheel
+    make demo      # the lab "demo", left up, serving tiny (3 replicas, one per host) and tiny-chat (1, head)
     sudo .venv/bin/python benchmarks/gateway.py [--name demo] [--rounds 3] \
         [--markdown benchmarks/results/gateway-lab.md]
 
-``playbooks/gateway.yml`` puts one router on the head (service ``tiny``, its worker the head's vLLM), then
-``benchmarks/serving_throughput.py`` runs **on the head** against both URLs, alternating direct and routed in
-each round so that drift of the shared machine hits both alike: 1-token chats one at a time (the latency the
-router adds, p50/p99) and 16-token chats 16 at a time (requests/s). The router is removed at the end (a run
-with no services) and the key file copied to the head is deleted, so the lab is left as ``make demo`` left it.
-CPU only, tiny model: the figures are the router's overhead against a fast backend, not vLLM's throughput.
+``benchmarks/serving_throughput.py`` runs **on the head** (the gateway host: the replicas' ports answer it and
+their own node only), in each round against three paths, their order alternating between rounds so that drift
+of the shared machine hits all alike:
+
+- ``direct``: tiny-chat's one replica on its own port (where the planner placed it: ``place_fleet``);
+- ``edge-1``: the edge, model ``tiny-chat`` (its router, that one replica);
+- ``edge-3``: the edge, model ``tiny`` (its router, round robin over the 3 replicas, one per host).
+
+Two shapes: 1-token chats one at a time (the latency the edge and the router add: ``edge-1`` against
+``direct``) and 16-token chats 16 at a time (requests/s: ``edge-3`` against ``edge-1``). CPU only, tiny
+model, and the three lab hosts, the gateway and the load generator all share this machine's cores: replicas on
+one machine's CPUs do not add compute as replicas on separate GPUs do, so the 3-replica figure is a floor.
 """
 
 from __future__ import annotations
@@ -20,9 +26,7 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -31,55 +35,50 @@ from gpufleet.lab import Lab
 from gpufleet.lab.state import lab_dir
 
 REPO = Path(__file__).resolve().parents[1]
-ROUTER_PORT = 30080
-METRICS_PORT = 29200
 REMOTE = "/root/gpufleet-bench"
-SHAPES = {"latency": ("1", "100", "1"), "throughput": ("16", "64", "16")}  # concurrency, requests, max tokens
+# concurrency, requests, max tokens
+SHAPES = {"latency": ("1", "100", "1"), "throughput": ("16", "160", "16")}
+PATHS_OF = {"latency": ("direct", "edge-1"), "throughput": ("direct", "edge-1", "edge-3")}
 
 
-def playbook(inventory: Path, services: list[dict[str, Any]], bundle: Path) -> None:
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as extra:
-        json.dump({"gateway_services": services, "gpufleet_bundle_dir": str(bundle)}, extra)
-    try:
-        argv = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory),
-                str(REPO / "playbooks" / "gateway.yml"), "-e", f"@{extra.name}"]  # fmt: skip
-        done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
-    finally:
-        os.unlink(extra.name)
-    if done.returncode != 0:
-        raise RuntimeError(f"gateway.yml failed:\n{done.stdout[-3000:]}{done.stderr[-2000:]}")
+def targets(inventory: Path, edge_port: int) -> dict[str, tuple[str, str]]:
+    """Each path's URL and model, from the demo's inventory and the planner's placement."""
+    from gpufleet.fleet import load_fleet  # noqa: PLC0415  (imports ansible)
+    from gpufleet.fleet.services import place_fleet  # noqa: PLC0415
+
+    fleet = load_fleet(inventory)
+    ips = {node.name: node.ip for node in fleet.nodes}
+    (replica,) = place_fleet(fleet).of("tiny-chat")
+    edge = f"http://{ips[fleet.head.name]}:{edge_port}/v1"
+    return {
+        "direct": (f"http://{ips[replica.node]}:{replica.port}/v1", "tiny-chat"),
+        "edge-1": (edge, "tiny-chat"),
+        "edge-3": (edge, "tiny"),
+    }
 
 
-def measure(lab: Lab, head: str, url: str, shape: str) -> dict[str, Any]:
+def measure(lab: Lab, head: str, target: tuple[str, str], shape: str) -> dict[str, Any]:
     concurrency, requests, tokens = SHAPES[shape]
+    url, model = target
     argv = ["python3", f"{REMOTE}/serving_throughput.py", "--endpoint", url, "--key-file", f"{REMOTE}/key",
-            "--model", "tiny", "--concurrency", concurrency, "--requests", requests,
+            "--model", model, "--concurrency", concurrency, "--requests", requests,
             "--max-tokens", tokens]  # fmt: skip
     done = lab.ssh(head, argv, timeout=900)
     if done.returncode != 0:
-        raise RuntimeError(f"{shape} against {url}: {done.stderr[-2000:]}")
+        raise RuntimeError(f"{shape} against {url} ({model}): {done.stderr[-2000:]}")
     return dict(json.loads(done.stdout))
 
 
-def run(name: str, rounds: int, bundle: Path) -> dict[str, Any]:
+def run(name: str, rounds: int, edge_port: int) -> dict[str, Any]:
     lab = Lab(name)
-    inventory = lab_dir(name) / "inventory" / "hosts.yml"
+    inventory = lab_dir(name) / "inventory" / "services"  # make demo's services (gpufleet.lab.demo)
     head = lab.inventory().hosts[0]
-    key = (inventory.parent / "gpufleet.apikey").read_text(encoding="utf-8").strip()
-    urls = {"direct": f"http://{head.ip}:8000/v1", "routed": f"http://127.0.0.1:{ROUTER_PORT}/v1"}
-    service = {
-        "name": "tiny",
-        "port": ROUTER_PORT,
-        "metrics_port": METRICS_PORT,
-        "workers": [f"http://{head.ip}:8000"],
-    }
-    started = time.time()
-    t0 = time.monotonic()
-    playbook(inventory, [service], bundle)
+    key = (inventory / "gpufleet.apikey").read_text(encoding="utf-8").strip()
+    paths = targets(inventory, edge_port)
     results: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "cpus": os.cpu_count(),
-        "gateway_install_s": round(time.monotonic() - t0, 1),
+        "paths": {path: {"url": url, "model": model} for path, (url, model) in paths.items()},
         "rounds": [],
     }
     script = (REPO / "benchmarks" / "serving_throughput.py").read_text(encoding="utf-8")
@@ -90,66 +89,79 @@ def run(name: str, rounds: int, bundle: Path) -> dict[str, Any]:
     try:
         if lab.ssh(head.name, install, stdin=script).returncode != 0:
             raise RuntimeError(f"could not copy the load script to {head.name}")
-        for shape in SHAPES:  # warm both paths once (the router's connection pool, vLLM's first requests)
-            for url in urls.values():
-                measure(lab, head.name, url, shape)
+        for shape in SHAPES:  # warm every path once (connection pools, vLLM's first requests)
+            for path in PATHS_OF[shape]:
+                measure(lab, head.name, paths[path], shape)
         for index in range(rounds):
-            order = list(urls) if index % 2 == 0 else list(reversed(urls))
-            found: dict[str, Any] = {
-                shape: {p: measure(lab, head.name, urls[p], shape) for p in order} for shape in SHAPES
-            }
+            found: dict[str, Any] = {}
+            for shape in SHAPES:
+                order = PATHS_OF[shape] if index % 2 == 0 else tuple(reversed(PATHS_OF[shape]))
+                found[shape] = {path: measure(lab, head.name, paths[path], shape) for path in order}
             found["load_1min"] = round(os.getloadavg()[0], 1)
             results["rounds"].append(found)
             print(json.dumps(found), flush=True)
     finally:
         lab.ssh(head.name, ["rm", "-rf", REMOTE])
-        playbook(inventory, [], bundle)
     results["summary"] = summary(results["rounds"])
     return results
 
 
 def summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """Medians over the rounds of each figure, per path, and the router's difference."""
+    """Medians over the rounds of each figure, per path; what the edge adds and what 3 replicas give."""
 
     def median(shape: str, path: str, key: str) -> float:
         return round(float(statistics.median(r[shape][path][key] for r in rounds)), 4)
 
+    requests = int(SHAPES["throughput"][1])
     out: dict[str, Any] = {}
-    for path in ("direct", "routed"):
+    for path in PATHS_OF["throughput"]:
         out[path] = {
-            "latency_p50_ms": round(1000 * median("latency", path, "latency_p50_s"), 1),
-            "latency_p99_ms": round(1000 * median("latency", path, "latency_p99_s"), 1),
-            "c16_requests_per_s": round(64 / median("throughput", path, "wall_s"), 2),
+            "c16_requests_per_s": round(requests / median("throughput", path, "wall_s"), 2),
             "c16_latency_p50_s": median("throughput", path, "latency_p50_s"),
+            "c16_latency_p99_s": median("throughput", path, "latency_p99_s"),
         }
-    out["added_p50_ms"] = round(out["routed"]["latency_p50_ms"] - out["direct"]["latency_p50_ms"], 1)
-    out["added_p99_ms"] = round(out["routed"]["latency_p99_ms"] - out["direct"]["latency_p99_ms"], 1)
-    ratio = out["routed"]["c16_requests_per_s"] / out["direct"]["c16_requests_per_s"]
-    out["c16_routed_over_direct"] = round(ratio, 3)
+    for path in PATHS_OF["latency"]:
+        out[path]["latency_p50_ms"] = round(1000 * median("latency", path, "latency_p50_s"), 1)
+        out[path]["latency_p99_ms"] = round(1000 * median("latency", path, "latency_p99_s"), 1)
+    out["added_p50_ms"] = round(out["edge-1"]["latency_p50_ms"] - out["direct"]["latency_p50_ms"], 1)
+    out["added_p99_ms"] = round(out["edge-1"]["latency_p99_ms"] - out["direct"]["latency_p99_ms"], 1)
+    three = out["edge-3"]["c16_requests_per_s"] / out["edge-1"]["c16_requests_per_s"]
+    out["c16_3_replicas_over_1"] = round(three, 2)
+    edge = out["edge-1"]["c16_requests_per_s"] / out["direct"]["c16_requests_per_s"]
+    out["c16_edge_over_direct"] = round(edge, 3)
     return out
 
 
 def markdown(results: dict[str, Any]) -> str:
     s = results["summary"]
+
+    def cell(path: str, key: str) -> str:
+        return str(s[path].get(key, "-"))
+
     rows = "\n".join(
-        f"| {path} | {s[path]['latency_p50_ms']} | {s[path]['latency_p99_ms']} "
-        f"| {s[path]['c16_requests_per_s']} | {s[path]['c16_latency_p50_s']} |"
-        for path in ("direct", "routed")
+        f"| {path} | {results['paths'][path]['model']} | {cell(path, 'latency_p50_ms')} "
+        f"| {cell(path, 'latency_p99_ms')} | {cell(path, 'c16_requests_per_s')} "
+        f"| {cell(path, 'c16_latency_p50_s')} | {cell(path, 'c16_latency_p99_s')} |"
+        for path in PATHS_OF["throughput"]
     )
     return (
-        "# The gateway on the lab: one vllm-router in front of the deployed vLLM (CPU, tiny model)\n\n"
-        f"{results['date']}, {results['cpus']} CPUs, `benchmarks/gateway.py` on the `make demo` lab;"
-        f" the router installed by `playbooks/gateway.yml` in {results['gateway_install_s']} s. Medians of"
-        f" {len(results['rounds'])} rounds, each running direct and routed back to back (order alternating),"
-        " both from the head (the router binds loopback there).\n\n"
-        "| path | 1-token chat p50 ms | p99 ms | concurrency 16: requests/s | its latency p50 s |\n"
-        "| --- | --- | --- | --- | --- |\n"
+        "# The gateway on the lab: two services through the edge, 1 replica against 3 (CPU, tiny model)\n\n"
+        f"{results['date']}, {results['cpus']} CPUs, `benchmarks/gateway.py` on the `make demo` lab"
+        " (tiny as 3 replicas, one per host; tiny-chat as one on the head). Medians of"
+        f" {len(results['rounds'])} rounds, the paths' order alternating, the load generated on the head"
+        " (the gateway host).\n\n"
+        "| path | model | 1-token chat p50 ms | p99 ms | concurrency 16: requests/s | its p50 s"
+        " | its p99 s |\n"
+        "| --- | --- | --- | --- | --- | --- | --- |\n"
         f"{rows}\n\n"
-        f"The router added **{s['added_p50_ms']} ms at p50 and {s['added_p99_ms']} ms at p99**; at"
-        f" concurrency 16 routed/direct = {s['c16_routed_over_direct']}. One replica only: 1 against 3"
-        " replicas through the gateway waits for replicas at run time (issue 35, part 3). The router, vLLM"
-        " and the load generator share the machine's 2 cores here: at concurrency 16 the router's CPU is"
-        " taken from vLLM's (on one H200 the same hop cost 12 %, `gateway-gpu.md`).\n\n"
+        f"The edge and the router together added **{s['added_p50_ms']} ms at p50 and {s['added_p99_ms']} ms"
+        f" at p99** to a 1-token chat; at concurrency 16, edge/direct = {s['c16_edge_over_direct']}. Three"
+        f" replicas gave **{s['c16_3_replicas_over_1']}x** the requests/s of one. The three lab hosts are"
+        " containers on this machine's"
+        f" {results['cpus']} cores, with the gateway and the load generator: a replica added here adds no"
+        " compute, only a second scheduler queue over the same cores, so the ratio says the gateway spreads"
+        " load without becoming the bottleneck, not what 3 GPUs give (that needs replicas on separate"
+        " devices; on one H200, 2 replicas of one GPU: `gateway-gpu.md`).\n\n"
         "Raw rounds:\n\n```json\n" + json.dumps(results, indent=1) + "\n```\n"
     )
 
@@ -158,10 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--name", default="demo")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--bundle", type=Path, default=REPO / "dist" / "lab-bundle")
+    parser.add_argument(
+        "--edge-port", type=int, default=8000, help="gateway_edge_port (default: %(default)s)"
+    )
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args(argv)
-    results = run(args.name, args.rounds, args.bundle)
+    results = run(args.name, args.rounds, args.edge_port)
     print(json.dumps(results["summary"], indent=1))
     if args.markdown:
         args.markdown.write_text(markdown(results), encoding="utf-8")

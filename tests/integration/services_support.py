@@ -1,51 +1,10 @@
-"""Services on the end-to-end lab (issue 35): an inventory of the same lab hosts that lists gpufleet_services,
+"""Services on the end-to-end lab (issue 35; their inventory: gpufleet.lab.inventory.services_inventory):
 requests sent on the head through a service's router, and what each replica's vLLM counted."""
 
 from __future__ import annotations
 
 import json
-import shutil
-from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
-
-import yaml
-
-from gpufleet.fleet.schema import VARIABLES
-
-# The lab's settings for one tiny replica (inventories/lab/group_vars, with a smaller KV cache: four more
-# vLLMs share the machine with the deployment's own)
-LAB_SERVING = {"max_model_len": 512, "block_size": 32, "kv_cache_memory_gib": 0.25, "enforce_eager": True}
-TINY = {"repo": "gpufleet/tiny-qwen2", "revision": "master", "dir": "/opt/models/tiny-qwen2"}
-
-
-def services_inventory(
-    lab_inventory: Path,
-    folder: Path,
-    services: Sequence[dict[str, Any]],
-    key: Path,
-    more: dict[str, Any] | None = None,
-) -> Path:
-    """The lab's hosts with the lab's settings, less the one model's (they would mean nothing beside
-    services), and these services; the API key is the deployment's (``key``); ``more`` variables last."""
-    folder.mkdir(parents=True)
-    shutil.copy(lab_inventory, folder / "hosts.yml")
-    lab_vars = lab_inventory.parent / "group_vars" / "gpu_nodes.yml"
-    one_model = {name for name, variable in VARIABLES.items() if variable.section in ("model", "serving")}
-    values = {
-        name: value
-        for name, value in yaml.safe_load(lab_vars.read_text(encoding="utf-8")).items()
-        if name not in one_model
-    }
-    values["gpufleet_services"] = list(services)
-    values["gpufleet_api_key_file"] = str(key)
-    values.update(more or {})
-    (folder / "group_vars").mkdir()
-    (folder / "group_vars" / "gpu_nodes.yml").write_text(
-        yaml.safe_dump(values, sort_keys=False), encoding="utf-8"
-    )
-    return folder
-
 
 # On the head (python3 - on stdin): N chat completions through a router on loopback, one after another; the
 # key comes on stdin (never in an argv or a log). Prints the HTTP statuses.

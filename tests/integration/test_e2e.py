@@ -45,10 +45,11 @@ from migration_support import (
     previous_release,
     serve_with,
 )
-from services_support import LAB_SERVING, REQUESTS_ON_HEAD, TINY, procs, served_on_head, services_inventory
+from services_support import REQUESTS_ON_HEAD, procs, served_on_head
 from tests.monitoring_assets import ALERT_NAMES, dashboards, metric_names, panel_queries, render_rules
 
 from gpufleet.lab.demo import PROMPT, api_key_file, chat, lab_plan, route_to_bridge
+from gpufleet.lab.inventory import DEMO_SERVICES, services_inventory
 from gpufleet.lab.net import outbound_drops
 from gpufleet.lab.upgrade import BROKEN_MESSAGE, BROKEN_SUFFIX, UPGRADE_SUFFIX, image_id, make_images
 from gpufleet.runner import STAGES, DeployReport, deploy, status, teardown
@@ -747,10 +748,7 @@ def test_the_gateway_routes_to_vllm_with_the_key_restarts_and_is_removed(
 
 # ----- services (issue 35): each replica the planner placed is its own instance, behind a router per service
 
-LAB_SERVICES = [
-    {"name": "tiny", "model": TINY, "replicas": 3, "serving": LAB_SERVING},  # one replica per host
-    {"name": "tiny-chat", "model": TINY, "replicas": 1, "hosts": ["ray_head"], "serving": LAB_SERVING},
-]
+LAB_SERVICES = DEMO_SERVICES  # make demo's: tiny as 3 replicas (one per host), tiny-chat on the head
 
 
 def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_service(
@@ -763,31 +761,36 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
     least 10 times (round robin); no key gets a 401; the replicas' ports refuse this machine (they answer
     the gateway host only); the edge answers this machine for both services by name, 401 without the key,
     404 for an unknown model and lists both models; `status` lists every replica ready and both services up;
-    Prometheus scrapes every
-    replica and router and each panel of the services dashboard has data; a second run changes
-    nothing; stopping one replica leaves the other instances of its container running (no instance counts
+    Prometheus scrapes every replica and router and each panel of the services dashboard has data; tiny,
+    deployed first as 2 replicas, raised to 3, changes only node3 (the new replica) and the head (tiny's
+    router): node2 changes nothing and no replica that was there restarts; a second run changes nothing;
+    stopping one replica leaves the other instances of its container running (no instance counts
     another's processes as its orphans), and `status` then names it and says its service is down."""
-    inventory = services_inventory(
-        deployment.inventory,
-        tmp_path / "services",
-        LAB_SERVICES,
-        api_key_file(deployment.inventory),
-        # the edge's port: the deployment's own instance keeps 8000 on the head
-        {"gpufleet_monitoring": True, "gateway_edge_port": EDGE_PORT},
-    )
+    key = api_key_file(deployment.inventory)
+    # the edge's port: the deployment's own instance keeps 8000 on the head
+    more = {"gpufleet_monitoring": True, "gateway_edge_port": EDGE_PORT}
+    inventory = services_inventory(deployment.inventory, tmp_path / "services", LAB_SERVICES, key, more)
+    two = [{**LAB_SERVICES[0], "replicas": 2}, *LAB_SERVICES[1:]]  # tiny-0, tiny-1 (node1, node2)
+    before_raise = services_inventory(deployment.inventory, tmp_path / "two", two, key, more)
     head, *_ = hosts = lab.inventory.hosts
     placed = {"tiny-0": (hosts[0], 8100), "tiny-1": (hosts[1], 8100), "tiny-2": (hosts[2], 8100)}
     placed["tiny-chat-0"] = (head, 8101)
+    kept = ("tiny-0", "tiny-1", "tiny-chat-0")
+    chat_router = ["systemctl", "show", "-P", "MainPID", "gpufleet-router@tiny-chat.service"]
     try:
+        started = deploy(before_raise, bundle=deployment.bundle, stages=["serve"])
+        assert started.ok, failures(started)
+        assert sorted(r.id for r in started.replicas) == sorted(kept)
+        pids = {instance: main_pid(lab, placed[instance][0].name, instance) for instance in kept}
+        router = lab.ssh(head.name, chat_router).stdout
+
         report = deploy(inventory, bundle=deployment.bundle, stages=["serve", "verify", "monitoring"])
         assert report.ok, failures(report)
-        assert [(r.id, r.node, r.url) for r in report.replicas] == sorted(
-            (instance, host.name, f"http://{host.ip}:{port}") for instance, (host, port) in placed.items()
-        )
-        assert (
-            report.verify is not None and report.verify.unauthorized_status == 401 and report.verify.metrics
-        )
-        assert deployment.key not in report.model_dump_json()
+        (serve,) = [stage for stage in report.stages if stage.name == "serve"]
+        raised = {h.host: h.changed for h in serve.hosts}  # the new replica's node, tiny's router's
+        assert raised[hosts[1].name] == 0 and raised[hosts[2].name] > 0 and raised[head.name] > 0, raised
+        assert {instance: main_pid(lab, placed[instance][0].name, instance) for instance in kept} == pids
+        assert lab.ssh(head.name, chat_router).stdout == router
         for instance, (host, port) in placed.items():
             unit = f"gpufleet-vllm@{instance}.service"
             assert lab.ssh(host.name, ["systemctl", "is-active", unit]).stdout.strip() == "active", unit
@@ -875,6 +878,12 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
             extra_vars={"gpufleet_monitoring": True},
         )
         assert restored.ok, failures(restored)
+
+
+def main_pid(lab: RunningLab, host: str, instance: str) -> str:
+    """The MainPID systemd gives an instance's unit ("0" when it is not running)."""
+    unit = f"gpufleet-vllm@{instance}.service"
+    return lab.ssh(host, ["systemctl", "show", "-P", "MainPID", unit]).stdout.strip()
 
 
 def listed_models(endpoint: str, key: str) -> list[dict[str, Any]]:
@@ -1129,11 +1138,33 @@ def test_the_deploy_after_that_rollback_migrates_again(
     assert answers(lab, deployment)
 
 
-def test_status_reports_a_stopped_service_without_failing(lab: RunningLab, deployment: Deployment) -> None:
+def test_status_reports_a_stopped_service_without_failing(
+    lab: RunningLab, deployment: Deployment, tmp_path: Path
+) -> None:
+    """teardown stops the gateway (a router and the edge, started here in front of the deployed vLLM), every
+    vLLM instance and the monitoring units; status then reports the stopped service without failing."""
+    head_ip = lab.inventory.hosts[0].ip
+    worker = {
+        "name": "tiny",
+        "port": ROUTER_PORT,
+        "metrics_port": 29200,
+        "workers": [f"http://{head_ip}:8000"],
+    }
+    gateway = gateway_vars(
+        tmp_path, [worker], gpufleet_bundle_dir=str(deployment.bundle), gateway_edge_port=str(EDGE_PORT)
+    )
+    started = playbook(deployment.inventory, "gateway.yml", "-e", gateway)
+    assert started.returncode == 0, started.stdout[-3000:]
+    socket.create_connection((head_ip, EDGE_PORT), timeout=5).close()  # the edge answers before teardown
+
     stopped = teardown(deployment.inventory)
     assert stopped.ok, stopped.model_dump_json()[-6000:]  # the whole report: a loop's items say why
     head = lab.hosts[0]
     assert lab.ssh(head, ["systemctl", "is-enabled", VLLM_UNIT]).stdout.strip() == "disabled"
+    gateway_units = ["gpufleet-router@tiny.service", "haproxy.service"]
+    assert lab.ssh(head, ["systemctl", "is-enabled", *gateway_units]).stdout.split() == ["disabled"] * 2
+    with pytest.raises(OSError):
+        socket.create_connection((head_ip, EDGE_PORT), timeout=5).close()
     for host in lab.hosts:  # teardown stops the monitoring units too
         units = ["gpufleet-prometheus", "gpufleet-node-exporter", "gpufleet-grafana"]
         states = lab.ssh(host, ["systemctl", "is-active", *units])

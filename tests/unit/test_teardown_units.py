@@ -70,3 +70,26 @@ def test_an_instance_whose_files_are_gone_is_only_stopped_and_only_while_it_runs
     unit = "gpufleet-vllm@default.service"
     assert evaluate(enabled, template_exists=False, item=unit, omit="OMIT") == "OMIT"
     assert evaluate(when, template_exists=False, item="gpufleet-vllm@qwen-7b.service") is False
+
+
+def test_the_gateway_stops_first_and_a_haproxy_of_the_hosts_own_is_left() -> None:
+    """The edge (HAProxy with gpufleet's key map) and every router stop before any vLLM; a HAProxy without
+    the key map is the host's own and stays."""
+    (play, *_) = yaml.safe_load((REPO / "playbooks" / "teardown.yml").read_text(encoding="utf-8"))
+    names = [t.get("name", "") for t in play["tasks"]]
+    (task,) = [t for t in play["tasks"] if t.get("name", "").startswith("Stop and disable the gateway")]
+    assert names.index(task["name"]) < names.index(stop_task()["name"])
+    services = SERVICES | {
+        "gpufleet-router@tiny.service": {"state": "running", "status": "enabled"},
+        "gpufleet-router@chat.service": {"state": "stopped", "status": "enabled"},
+        "haproxy.service": {"state": "running", "status": "enabled"},
+    }
+
+    def loop(edge: bool) -> Any:
+        variables = {"ansible_facts": {"services": services}, "__teardown_edge": {"stat": {"exists": edge}}}
+        templar = Templar(loader=DataLoader(), variables=variables)
+        return templar.template(trust_as_template(task["loop"]))
+
+    routers = ["gpufleet-router@chat.service", "gpufleet-router@tiny.service"]
+    assert loop(edge=True) == ["haproxy.service", *routers]
+    assert loop(edge=False) == routers

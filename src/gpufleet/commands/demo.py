@@ -13,10 +13,11 @@ from gpufleet.lab.state import check_name
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "demo",
-        help="the air-gapped deployment on 3 offline lab hosts from the lab bundle, and a chat completion",
-        description="What `make demo` runs after validating inventories/prod (root: the lab boots hosts). "
-        "The lab stays up unless --down. Exit 0 when the deploy, the chat completion and the 401 check "
-        "succeeded and no host sent anything beyond the lab, 1 otherwise.",
+        help="the air-gapped deployment of two services on 3 lab hosts from the lab bundle, a chat with each",
+        description="What `make demo` runs after validating inventories/prod (root: the lab boots hosts): "
+        "two services (tiny as 3 replicas, one per host; tiny-chat on the head) behind one endpoint. The "
+        "lab stays up unless --down. Exit 0 when the deploy, the model list, a chat with each model and "
+        "the 401 and 404 checks succeeded and no host sent anything beyond the lab, 1 otherwise.",
     )
     demo.build_parser(parser)
     parser.set_defaults(func=run)

@@ -1,4 +1,4 @@
-"""``gpufleet teardown -i INVENTORY``: stop vLLM and Ray; images, models and packages stay."""
+"""``gpufleet teardown -i INVENTORY``: stop the gateway, vLLM and Ray; images, models and packages stay."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from gpufleet.runner.progress import print_deploy_report
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "teardown",
-        help="stop the vLLM service and the Ray cluster (artifacts stay for the next deploy)",
-        description="Runs playbooks/teardown.yml (an unreadable inventory, or a --limit part that selects no "
+        help="stop the gateway, every vLLM instance and the Ray cluster (artifacts stay for the next deploy)",
+        description="Runs playbooks/teardown.yml: the gateway's edge and routers, then every vLLM instance, "
+        "the Ray cluster and monitoring stop (an unreadable inventory, or a --limit part that selects no "
         "host, is refused before anything connects). Exit 0 stopped, 1 a host failed, 2 usage error.",
     )
     parser.add_argument("-i", "--inventory", type=Path, required=True, help="inventory file or directory")

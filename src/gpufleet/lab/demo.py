@@ -12,9 +12,13 @@
    they are up. Each host gets a default route to this machine's bridge address, where the lab's DROP
    rules drop and count anything not meant for the lab: after the deploy, that count shows whether any
    host tried to reach beyond it.
-3. **Deploy** every stage from the bundle (:func:`gpufleet.runner.deploy`: live table, then the report),
-   compared with the planner's prediction for the lab (:func:`lab_plan`).
-4. **A chat completion** from this machine through the endpoint, with the API key.
+3. **Deploy** two services (:data:`gpufleet.lab.inventory.DEMO_SERVICES`: ``tiny`` as 3 replicas, one per
+   host, and ``tiny-chat`` on the head), every stage from the bundle (:func:`gpufleet.runner.deploy`: live
+   table, then the report with each replica), from an inventory of the lab's hosts written beside the lab's
+   (``<lab inventory>/../services``).
+4. **The gateway** from this machine, as a client would use it: ``GET /v1/models`` lists both models, a chat
+   completion with each through the one endpoint (the edge on the head), with the API key; without the key
+   401, an unknown model 404.
 
 The lab stays up at the end (``gpufleet lab down --name demo`` removes it), so that running the demo again
 shows a deploy that changes nothing; ``--down`` takes it down instead.
@@ -36,6 +40,7 @@ import yaml
 from rich.console import Console
 
 from gpufleet.lab.core import Lab, LabInventory
+from gpufleet.lab.inventory import DEMO_SERVICES, services_inventory
 from gpufleet.lab.net import outbound_drops
 from gpufleet.lab.system import LabError
 from gpufleet.paths import project_root
@@ -185,7 +190,8 @@ def api_key_file(inventory: Path) -> Path:
 
 # ----- the demo -----------------------------------------------------------------------------------
 def deploy_lab(inventory: Path, bundle: Path, console: Console) -> Any:
-    """Every stage from the bundle, shown live; the report compared with the lab's plan (DeployReport)."""
+    """Every stage from the bundle, shown live; the report of one instance compared with the lab's plan
+    (DeployReport)."""
     from gpufleet.runner import deploy  # noqa: PLC0415
     from gpufleet.runner.progress import LiveProgress, print_deploy_report  # noqa: PLC0415
 
@@ -197,23 +203,41 @@ def deploy_lab(inventory: Path, bundle: Path, console: Console) -> Any:
     return report
 
 
-def show_endpoint(report: Any, inventory: Path, console: Console) -> bool:
-    """A chat completion through the endpoint from this machine, with the key; and a refusal without it."""
-    if report.endpoint is None or report.served_model is None:
+def listed_models(endpoint: str, key: str | None) -> tuple[int, list[str]]:
+    """``GET /v1/models`` through the endpoint: (HTTP status, the model ids it lists)."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    request = urllib.request.Request(f"{endpoint}/models", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:  # the lab network only
+            return response.status, [model["id"] for model in json.loads(response.read())["data"]]
+    except urllib.error.HTTPError as error:
+        return error.code, []
+
+
+def show_endpoint(report: Any, key_file: Path, models: list[str], console: Console) -> bool:
+    """Through the one endpoint from this machine: the model list, a chat with each model with the key;
+    without the key 401, an unknown model 404. True when every answer was the expected one."""
+    if report.endpoint is None:
         console.print("[red]no endpoint in the report: nothing to ask")
         return False
-    key = api_key_file(inventory).read_text(encoding="utf-8").strip()
-    status, body = chat(report.endpoint, key, report.served_model)
-    refused, _ = chat(report.endpoint, None, report.served_model)
-    if status != 200:
-        console.print(f"[red]{report.endpoint}/chat/completions answered HTTP {status}")
-        return False
-    answer = body["choices"][0]["message"]["content"]
-    console.print(f"POST {report.endpoint}/chat/completions (model {report.served_model}, temperature 0):")
-    console.print(f"  user: {PROMPT}\n  {report.served_model}: {answer!r}")
-    console.print("  (the tiny model has random weights: its answer is deterministic, not meaningful)")
-    console.print(f"  without the API key: HTTP {refused}")
-    return refused == 401
+    key = key_file.read_text(encoding="utf-8").strip()
+    status, listed = listed_models(report.endpoint, key)
+    console.print(f"GET {report.endpoint}/models: HTTP {status}, {', '.join(listed) or 'no models'}")
+    ok = status == 200 and sorted(listed) == sorted(models)
+    for model in models:
+        status, body = chat(report.endpoint, key, model)
+        if status != 200:
+            console.print(f"[red]{report.endpoint}/chat/completions (model {model}) answered HTTP {status}")
+            ok = False
+            continue
+        answer = body["choices"][0]["message"]["content"]
+        console.print(f"POST {report.endpoint}/chat/completions (model {model}, temperature 0):")
+        console.print(f"  user: {PROMPT}\n  {model}: {answer!r}")
+    console.print("  (the tiny model has random weights: its answers are deterministic, not meaningful)")
+    refused, _ = chat(report.endpoint, None, models[0])
+    unknown, _ = chat(report.endpoint, key, "no-such-model")
+    console.print(f"  without the API key: HTTP {refused}; model no-such-model: HTTP {unknown}")
+    return ok and refused == 401 and unknown == 404
 
 
 def run(args: argparse.Namespace) -> int:
@@ -227,11 +251,20 @@ def run(args: argparse.Namespace) -> int:
         lab, lab_inventory = ensure_lab(args.name, console)
         route_to_bridge(lab, lab_inventory)
         before = outbound_drops(args.name)
-    with step(console, "3/4 Deploy every stage from the bundle", timings, "deploy"):
-        report = deploy_lab(lab_inventory.inventory, bundle, console)
+    inventory = services_inventory(
+        lab_inventory.inventory, lab_inventory.inventory.parent / "services", DEMO_SERVICES
+    )
+    models = [str(service["name"]) for service in DEMO_SERVICES]
+    with step(
+        console,
+        f"3/4 Deploy two services ({', '.join(models)}), every stage from the bundle",
+        timings,
+        "deploy",
+    ):
+        report = deploy_lab(inventory, bundle, console)
     ok = report.ok
-    with step(console, "4/4 The endpoint", timings, "endpoint"):
-        ok = ok and show_endpoint(report, lab_inventory.inventory, console)
+    with step(console, "4/4 The gateway: both models through one endpoint", timings, "endpoint"):
+        ok = ok and show_endpoint(report, inventory / "gpufleet.apikey", models, console)
         left = outbound_drops(args.name) - before
         console.print(f"packets the hosts sent beyond the lab during the deploy (dropped): {left}")
     console.rule()
@@ -244,8 +277,8 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"lab {args.name}: taken down")
     else:
         console.print(
-            f"lab {args.name} is left up: inventory {lab_inventory.inventory}\n"
-            f"  .venv/bin/gpufleet status -i {lab_inventory.inventory}\n"
+            f"lab {args.name} is left up: inventory {inventory}\n"
+            f"  .venv/bin/gpufleet status -i {inventory}\n"
             f"  .venv/bin/gpufleet lab ssh --name {args.name} node1\n"
             f"  sudo .venv/bin/gpufleet lab down --name {args.name}    # remove it"
         )
@@ -260,7 +293,7 @@ def run(args: argparse.Namespace) -> int:
                     "packets_beyond_the_lab": left,
                     "seconds": timings,
                     "lab": args.name,
-                    "inventory": str(lab_inventory.inventory),
+                    "inventory": str(inventory),
                 },
                 indent=2,
             )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,3 +129,46 @@ def write(lab: LabInventory) -> None:
     tmp = lab.inventory.with_name(lab.inventory.name + ".tmp")
     tmp.write_text(render(lab))
     tmp.replace(lab.inventory)
+
+
+# ----- services on a lab's hosts (make demo, the end-to-end tests) ------------------------------------------
+# One tiny replica's settings: inventories/lab/group_vars' with a smaller KV cache (several vLLMs share the
+# machine's memory)
+LAB_SERVING = {"max_model_len": 512, "block_size": 32, "kv_cache_memory_gib": 0.25, "enforce_eager": True}
+TINY = {"repo": "gpufleet/tiny-qwen2", "revision": "master", "dir": "/opt/models/tiny-qwen2"}
+# What `make demo` serves: the tiny model as 3 replicas (one per host) and a second service on the head
+DEMO_SERVICES = (
+    {"name": "tiny", "model": TINY, "replicas": 3, "serving": LAB_SERVING},
+    {"name": "tiny-chat", "model": TINY, "replicas": 1, "hosts": ["ray_head"], "serving": LAB_SERVING},
+)
+
+
+def services_inventory(
+    lab_inventory: Path,
+    folder: Path,
+    services: Sequence[dict[str, Any]],
+    key: Path | None = None,
+    more: dict[str, Any] | None = None,
+) -> Path:
+    """An inventory in ``folder`` (written again if there) of the lab's hosts with the lab's settings, less
+    the one model's (they would mean nothing beside services), and these services; the API key file ``key``
+    (by default ``folder/gpufleet.apikey``, generated on the first deploy); ``more`` variables last."""
+    from gpufleet.fleet.schema import VARIABLES  # noqa: PLC0415  (the schema: only when writing one)
+
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(lab_inventory, folder / "hosts.yml")
+    lab_vars = lab_inventory.parent / "group_vars" / "gpu_nodes.yml"
+    one_model = {name for name, variable in VARIABLES.items() if variable.section in ("model", "serving")}
+    values = {
+        name: value
+        for name, value in yaml.safe_load(lab_vars.read_text(encoding="utf-8")).items()
+        if name not in one_model
+    }
+    values["gpufleet_services"] = [dict(service) for service in services]
+    values["gpufleet_api_key_file"] = str(key or folder / "gpufleet.apikey")
+    values.update(more or {})
+    (folder / "group_vars").mkdir(exist_ok=True)
+    (folder / "group_vars" / "gpu_nodes.yml").write_text(
+        yaml.safe_dump(values, sort_keys=False), encoding="utf-8"
+    )
+    return folder
