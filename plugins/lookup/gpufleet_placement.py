@@ -20,7 +20,8 @@ description:
     C(models) gives each model the services serve once (repo, revision, dir), in the services' order;
     C(metrics) gives what Prometheus scrapes of them (the monitoring role's C(monitoring_extra_targets)) -
     each replica's vLLM (job C(vllm)) and each service's router (job C(router), on C(gateway_host)), with
-    labels C(node), C(service) (the service's name) and C(replica).
+    labels C(node), C(service) (the service's name) and C(replica); and the edge's exporter (job C(edge), on
+    C(gateway_host)) when C(edge_metrics_port) is set.
   - An inventory without C(gpufleet_services) (one model, one instance) gives an empty list for both.
 options:
   _terms:
@@ -40,6 +41,12 @@ options:
     description: Where the routers' metrics listen (the gateway role's C(gateway_host)), for C(metrics).
     type: str
     default: 127.0.0.1
+  edge_metrics_port:
+    description: >-
+      The port of the edge's Prometheus exporter on C(gateway_host) (the gateway role's
+      C(gateway_edge_metrics_port)), for C(metrics); 0 when there is no edge.
+    type: int
+    default: 0
 notes:
   - Runs on the control node. The gpufleet Python package must be importable by the Python that runs
     ansible-playbook.
@@ -138,7 +145,8 @@ class LookupModule(LookupBase):  # type: ignore[misc]
         return self._gateway(replicas)
 
     def _metrics(self, replicas: list[dict[str, Any]]) -> list[Any]:
-        """Each replica's vLLM on its URL's host:port and each router's metrics port, as scrape targets."""
+        """Each replica's vLLM on its URL's host:port, each router's metrics port and the edge's exporter (when
+        its port is given), as scrape targets."""
         host = str(self.get_option("gateway_host"))
         vllm = [
             {
@@ -156,7 +164,9 @@ class LookupModule(LookupBase):  # type: ignore[misc]
             }
             for router in self._gateway(replicas)
         ]
-        return vllm + routers
+        port = int(self.get_option("edge_metrics_port"))
+        edge = [{"job": "edge", "target": f"{host}:{port}", "labels": {}}] if port and replicas else []
+        return vllm + routers + edge
 
     def _gateway(self, replicas: list[dict[str, Any]]) -> list[Any]:
         """A router per service (named as the service, its unit gpufleet-router@NAME), ``model`` the name its

@@ -761,9 +761,10 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
     least 10 times (round robin); no key gets a 401; the replicas' ports refuse this machine (they answer
     the gateway host only); the edge answers this machine for both services by name, 401 without the key,
     404 for an unknown model and lists both models; `status` lists every replica ready and both services up;
-    Prometheus scrapes every replica and router and each panel of the services dashboard has data; tiny,
-    deployed first as 2 replicas, raised to 3, changes only node3 (the new replica) and the head (tiny's
-    router): node2 changes nothing and no replica that was there restarts; a second run changes nothing;
+    Prometheus scrapes every replica, router and the edge, and each panel of the services dashboard has
+    data; tiny, deployed first as 2 replicas, raised to 3, changes only node3 (the new replica) and the head
+    (tiny's router): node2 changes nothing and no replica that was there restarts; a second run changes
+    nothing;
     stopping one replica leaves the other instances of its container running (no instance counts
     another's processes as its orphans), and `status` then names it and says its service is down."""
     key = api_key_file(deployment.inventory)
@@ -822,18 +823,19 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
             (instance, host.name, "active", True) for instance, (host, _) in placed.items()
         )
         assert up.services == {"tiny": "up", "tiny-chat": "up"}
-        # Prometheus scrapes every replica (labelled with its service and replica) and both routers, and every
-        # panel of the services dashboard has data after the traffic above (status took more than 2 scrapes)
+        # Prometheus scrapes every replica (labelled with its service and replica), both routers and the edge;
+        # every panel of the services dashboard has data after the traffic above (status took over 2 scrapes)
         targets = prometheus(head.ip, "/api/v1/targets", state="active")["activeTargets"]
         scraped = {
             (t["labels"]["job"], t["labels"].get("replica") or t["labels"].get("service")): t
             for t in targets
-            if t["labels"]["job"] in ("vllm", "router")
+            if t["labels"]["job"] in ("vllm", "router", "edge")
         }
         assert set(scraped) == {
             *(("vllm", instance) for instance in placed),
             ("router", "tiny"),
             ("router", "tiny-chat"),
+            ("edge", None),
         }
         assert all(target["health"] == "up" for target in scraped.values()), scraped
         assert empty_panels(head.ip, frozenset({SERVICES_DASHBOARD})) == []

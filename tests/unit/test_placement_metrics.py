@@ -21,6 +21,12 @@ def test_every_replica_and_every_router_is_a_scrape_target_with_its_labels() -> 
     assert moved[-1]["target"] == "10.0.0.9:30000"
 
 
+def test_the_edges_exporter_is_a_target_when_its_port_is_given() -> None:
+    targets = lookup("metrics", REPO / "inventories/prod", gateway_host="10.0.0.9", edge_metrics_port=29199)
+    assert targets[-1] == {"job": "edge", "target": "10.0.0.9:29199", "labels": {}}
+    assert [t["job"] for t in targets] == ["vllm", "vllm", "router", "edge"]
+
+
 def test_an_inventory_without_services_has_nothing_more_to_scrape(tmp_path: Path) -> None:
     one_model = REPO / "inventories/examples/tp-across-nodes"
     assert lookup("metrics", one_model if one_model.exists() else REPO / "inventories/lab") == []
