@@ -21,11 +21,13 @@ description:
     C(metrics) gives what Prometheus scrapes of them (the monitoring role's C(monitoring_extra_targets)) -
     each replica's vLLM (job C(vllm)) and each service's router (job C(router), on C(gateway_host)), with
     labels C(node), C(service) (the service's name) and C(replica); and the edge's exporter (job C(edge), on
-    C(gateway_host)) when C(edge_metrics_port) is set.
+    C(gateway_host)) when C(edge_metrics_port) is set. C(stamps) gives the converged stamps the services
+    leave on C(node) (model_fetch's per model directory, vllm_service's per replica placed there), for the
+    whole deploy's fast path (playbooks/vars/fleet.yml).
   - An inventory without C(gpufleet_services) (one model, one instance) gives an empty list for both.
 options:
   _terms:
-    description: C(replicas), C(gateway), C(models) or C(metrics).
+    description: C(replicas), C(gateway), C(models), C(metrics) or C(stamps).
     type: list
     elements: str
     required: false
@@ -41,6 +43,10 @@ options:
     description: Where the routers' metrics listen (the gateway role's C(gateway_host)), for C(metrics).
     type: str
     default: 127.0.0.1
+  node:
+    description: The node whose converged stamps C(stamps) gives (the fleet check's and record's host).
+    type: str
+    default: ""
   edge_metrics_port:
     description: >-
       The port of the edge's Prometheus exporter on C(gateway_host) (the gateway role's
@@ -69,11 +75,12 @@ _raw:
     For C(replicas): id, service, name (what clients send as model), node, nodes, gpus, port, url,
     executor, model (repo, revision, dir) and serving (the vllm_service_* settings, less the prefix).
     For C(gateway): name (the service's), model (what its clients send), port, metrics_port and workers.
-    For C(metrics): job, target (host:port), labels.
+    For C(metrics): job, target (host:port), labels. For C(stamps): the stamps' names (strings).
   type: list
-  elements: dict
+  elements: raw
 """
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -81,7 +88,7 @@ from typing import Any
 from ansible.errors import AnsibleError
 from ansible.plugins.lookup import LookupBase
 
-WHAT = ("replicas", "gateway", "models", "metrics")
+WHAT = ("replicas", "gateway", "models", "metrics", "stamps")
 
 
 class LookupModule(LookupBase):  # type: ignore[misc]
@@ -142,11 +149,13 @@ class LookupModule(LookupBase):  # type: ignore[misc]
             return list(models.values())
         if what == "metrics":
             return self._metrics(replicas)
+        if what == "stamps":
+            return self._stamps(replicas)
         return self._gateway(replicas)
 
     def _metrics(self, replicas: list[dict[str, Any]]) -> list[Any]:
-        """Each replica's vLLM on its URL's host:port, each router's metrics port and the edge's exporter (when
-        its port is given), as scrape targets."""
+        """Each replica's vLLM on its URL's host:port, each router's metrics port and the edge's exporter
+        (when its port is given), as scrape targets."""
         host = str(self.get_option("gateway_host"))
         vllm = [
             {
@@ -167,6 +176,15 @@ class LookupModule(LookupBase):  # type: ignore[misc]
         port = int(self.get_option("edge_metrics_port"))
         edge = [{"job": "edge", "target": f"{host}:{port}", "labels": {}}] if port and replicas else []
         return vllm + routers + edge
+
+    def _stamps(self, replicas: list[dict[str, Any]]) -> list[Any]:
+        """The converged stamps the services leave on ``node``, as the roles name them: model_fetch's, one per
+        model directory (every node fetches every model: ``__model_fetch_stamp``), and vllm_service's, one per
+        replica placed there (``__vllm_service_stamp``)."""
+        node = str(self.get_option("node"))
+        dirs = dict.fromkeys(str(replica["model"]["dir"]) for replica in replicas)
+        fetched = [f"model_fetch@{hashlib.sha256(path.encode()).hexdigest()[:12]}" for path in dirs]
+        return fetched + [f"vllm_service@{replica['id']}" for replica in replicas if replica["node"] == node]
 
     def _gateway(self, replicas: list[dict[str, Any]]) -> list[Any]:
         """A router per service (named as the service, its unit gpufleet-router@NAME), ``model`` the name its

@@ -754,18 +754,18 @@ LAB_SERVICES = DEMO_SERVICES  # make demo's: tiny as 3 replicas (one per host), 
 def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_service(
     lab: RunningLab, deployment: Deployment, tmp_path: Path
 ) -> None:
-    """deploy() of the serve, verify and monitoring stages on an inventory of the lab's hosts that lists two
-    services: each replica the planner placed runs as its own unit and port on its node (node1 holds tiny-0,
-    tiny-chat-0 and the deployment's own instance in one container), and the report lists them; both
-    services answer by name through their routers, and 60 requests to tiny reach each of its 3 replicas at
-    least 10 times (round robin); no key gets a 401; the replicas' ports refuse this machine (they answer
-    the gateway host only); the edge answers this machine for both services by name, 401 without the key,
-    404 for an unknown model and lists both models; `status` lists every replica ready and both services up;
-    Prometheus scrapes every replica, router and the edge, and each panel of the services dashboard has
-    data; tiny, deployed first as 2 replicas, raised to 3, changes only node3 (the new replica) and the head
-    (tiny's router): node2 changes nothing and no replica that was there restarts; a second run changes
-    nothing;
-    stopping one replica leaves the other instances of its container running (no instance counts
+    """A whole deploy() (monitoring on) of an inventory of the lab's hosts that lists two services: each
+    replica the planner placed runs as its own unit and port on its node (node1 holds tiny-0, tiny-chat-0
+    and the deployment's own instance in one container), and the report lists them; both services answer by
+    name through their routers, and 60 requests to tiny reach each of its 3 replicas at least 10 times
+    (round robin); no key gets a 401; the replicas' ports refuse this machine (they answer the gateway host
+    only); the edge answers this machine for both services by name, 401 without the key, 404 for an
+    unknown model and lists both models; `status` lists every replica ready, both services up and the edge
+    answering; Prometheus scrapes every replica, router and the edge, and each panel of the services
+    dashboard has data; tiny, deployed first as 2 replicas, raised to 3, changes only node3 (the new
+    replica) and the head (tiny's router): node2 changes nothing and no replica that was there restarts; a
+    second whole deploy changes nothing and takes the fast path (only verify runs); stopping one replica
+    leaves the other instances of its container running (no instance counts
     another's processes as its orphans), and `status` then names it and says its service is down."""
     key = api_key_file(deployment.inventory)
     # the edge's port: the deployment's own instance keeps 8000 on the head
@@ -785,7 +785,7 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
         pids = {instance: main_pid(lab, placed[instance][0].name, instance) for instance in kept}
         router = lab.ssh(head.name, chat_router).stdout
 
-        report = deploy(inventory, bundle=deployment.bundle, stages=["serve", "verify", "monitoring"])
+        report = deploy(inventory, bundle=deployment.bundle)  # a whole deploy: it records the fleet stamp
         assert report.ok, failures(report)
         (serve,) = [stage for stage in report.stages if stage.name == "serve"]
         raised = {h.host: h.changed for h in serve.hosts}  # the new replica's node, tiny's router's
@@ -823,6 +823,11 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
             (instance, host.name, "active", True) for instance, (host, _) in placed.items()
         )
         assert up.services == {"tiny": "up", "tiny-chat": "up"}
+        assert up.edge is not None and (up.edge.url, up.edge.status, up.edge.models) == (
+            edge,
+            200,
+            ("tiny", "tiny-chat"),
+        )
         # Prometheus scrapes every replica (labelled with its service and replica), both routers and the edge;
         # every panel of the services dashboard has data after the traffic above (status took over 2 scrapes)
         targets = prometheus(head.ip, "/api/v1/targets", state="active")["activeTargets"]
@@ -843,10 +848,14 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
             with pytest.raises(OSError):
                 socket.create_connection((host.ip, port), timeout=5).close()
 
-        again = deploy(inventory, bundle=deployment.bundle, stages=["serve"])
+        again = deploy(inventory, bundle=deployment.bundle)  # the fast path: each node in sync, verify runs
         assert again.ok and again.changed == 0, failures(again) or [
             (s.name, h.host, h.changed) for s in again.stages for h in s.hosts
         ]
+        assert [s.name for s in again.stages if s.in_sync] == ["nodes", "artifacts", "cluster", "serve"], (
+            again.not_in_sync
+        )
+        assert again.endpoint == edge and again.verify is not None and again.verify.unauthorized_status == 401
 
         shared = ["tiny-0", "tiny-chat-0", "default"]  # node1's container runs all three
         seen = {instance: procs(lab, head.name, instance) for instance in shared}

@@ -306,3 +306,38 @@ def test_a_malformed_replica_entry_is_left_out(monkeypatch: pytest.MonkeyPatch, 
     facts = services_facts()
     facts["gpufleet_replica_states"] = [{"id": "x"}, "text", *facts["gpufleet_replica_states"][:1]]
     assert [r.id for r in run_status(monkeypatch, tmp_path, facts).replicas] == ["tiny-0"]
+
+
+EDGE = "http://10.0.0.1:8000/v1"
+
+
+@pytest.mark.parametrize(
+    ("status", "line"),
+    [
+        (401, f"gateway edge {EDGE}: answered HTTP 401 to GET /v1/models with the key"),
+        (-1, f"gateway edge {EDGE}: did not answer to GET /v1/models with the key"),
+    ],
+)
+def test_the_edge_is_shown_and_an_edge_that_does_not_answer_makes_status_not_healthy(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, status: int, line: str
+) -> None:
+    """status asks the edge as a client does: every replica ready is not healthy while the one endpoint
+    clients use refuses the key or does not answer (HAProxy stopped, its key map stale)."""
+    edge = {"url": EDGE, "status": 200, "models": ["tiny", "tiny-chat"]}
+    up = run_status(monkeypatch, tmp_path, services_facts() | {"gpufleet_gateway_edge": edge})
+    assert up.ok and up.edge is not None and up.edge.models == ("tiny", "tiny-chat")
+    assert f"gateway edge {EDGE}: HTTP 200, lists tiny, tiny-chat" in shown(up)
+
+    broken = services_facts() | {"gpufleet_gateway_edge": edge | {"status": status, "models": []}}
+    report = run_status(monkeypatch, tmp_path, broken)
+    assert not report.ok and report.problems == [line]
+    assert line in shown(report)
+    assert StatusReport.model_validate_json(report.model_dump_json()) == report
+
+
+def test_no_edge_published_or_one_model_means_no_edge_in_the_report(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    assert run_status(monkeypatch, tmp_path, services_facts() | {"gpufleet_gateway_edge": {}}).edge is None
+    one_model = healthy_facts() | {"gpufleet_gateway_edge": {"url": EDGE, "status": 0}}
+    assert run_status(monkeypatch, tmp_path, one_model).edge is None  # only services have an edge

@@ -103,11 +103,11 @@ def deploy(
         seconds=round(time.monotonic() - started, 3),
         stages=tuple(results),
         failed_stage=failed,
-        # with services each replica says its own (``replicas``): the last one published is not the fleet's;
-        # the fleet's is the gateway's edge
-        endpoint=facts.gateway_endpoint if facts.replicas else facts.endpoint,
-        served_model=None if facts.replicas else facts.served_model,
-        vllm=None if facts.replicas else facts.vllm,
+        # with services each replica says its own (``replicas``; none on the fast path, where serve ran on no
+        # node): the last one published is not the fleet's; the fleet's is the gateway's edge
+        endpoint=facts.gateway_endpoint if services else facts.endpoint,
+        served_model=None if services else facts.served_model,
+        vllm=None if services else facts.vllm,
         verify=facts.verify,
         warnings=tuple(warnings),
         monitoring=facts.monitoring,
@@ -221,6 +221,7 @@ def status(
         load=facts.service_load if ready and not services else None,
         gateway=facts.gateway,
         replicas=facts.replica_states,
+        edge=facts.gateway_edge if services else None,
     )
     # Missing Ray nodes, a node's problems, nodes that run different images or model commits (version
     # skew): every line of report.problems makes the service not healthy.

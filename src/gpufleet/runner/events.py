@@ -29,6 +29,7 @@ PUBLISHED_FACTS = frozenset(
         "gpufleet_service_load",
         "gpufleet_gateway",
         "gpufleet_gateway_endpoint",
+        "gpufleet_gateway_edge",
         "gpufleet_monitoring_endpoints",
         "gpufleet_rollback",
         "gpufleet_replicas",

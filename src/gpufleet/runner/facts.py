@@ -30,6 +30,8 @@ value set by any host in the run:
   the fields of :class:`gpufleet.runner.report.ReplicaState` (its unit's state on its node, ready or not).
 - ``gpufleet_gateway_endpoint``: services (verify, status): where clients reach them, the gateway's edge
   (``http://HOST:PORT/v1``; empty without an edge).
+- ``gpufleet_gateway_edge``: services (status): the edge as a client finds it, ``url``, ``status`` (of ``GET
+  /v1/models`` with the key, 0 for no answer) and ``models`` (:class:`gpufleet.runner.report.EdgeState`).
 - ``gpufleet_gateway``: the gateway's routers on the head (status), a list of mappings with the fields of
   :class:`gpufleet.runner.report.RouterState` (the gateway role's ``gateway_report``); empty without one.
 - ``gpufleet_monitoring_endpoints``: ``prometheus`` and ``grafana`` URLs and ``targets_up`` (monitoring).
@@ -51,6 +53,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpufleet.runner.arguments import Facts
 from gpufleet.runner.report import (
+    EdgeState,
     GpuHolder,
     KeptRevision,
     MissingNode,
@@ -109,6 +112,7 @@ class PublishedFacts(_Frozen):
     gateway_endpoint: str | None = None
     replicas: tuple[ReplicaReport, ...] = ()
     replica_states: tuple[ReplicaState, ...] = ()
+    gateway_edge: EdgeState | None = None
 
     @classmethod
     def read(cls, facts: Facts) -> PublishedFacts:
@@ -135,7 +139,18 @@ class PublishedFacts(_Frozen):
             gateway_endpoint=str(values.get("gpufleet_gateway_endpoint") or "") or None,
             replicas=_replicas(_mapping(values, "gpufleet_replicas") or {}),
             replica_states=_listed(ReplicaState, values.get("gpufleet_replica_states")),
+            gateway_edge=_edge(_mapping(values, "gpufleet_gateway_edge")),
         )
+
+
+def _edge(published: Mapping[str, Any] | None) -> EdgeState | None:
+    """The edge as the status playbook found it; None without one (one model, or no endpoint)."""
+    if not published or not published.get("url"):
+        return None
+    try:
+        return EdgeState.model_validate(published)
+    except ValidationError:
+        return None
 
 
 def _replicas(published: Mapping[str, Any]) -> tuple[ReplicaReport, ...]:

@@ -303,6 +303,10 @@ def print_status_report(console: Console, report: StatusReport) -> None:
                 f"config {node.config_sha256[:12]}" if node.config_sha256 else "",
             ]
             console.print(f"{node.host}: " + ", ".join(part for part in runs if part), highlight=False)
+    if (edge := report.edge) is not None:
+        answer = "no answer" if edge.status <= 0 else f"HTTP {edge.status}"
+        listed = f", lists {', '.join(edge.models)}" if edge.models else ""
+        console.print(f"gateway edge {edge.url}: {answer}{listed}", highlight=False)
     for router in report.gateway:
         healthy = sum(1 for worker in router.workers if worker in router.healthy)
         seen = f"{healthy} of {len(router.workers)} workers healthy" if router.answered else "no metrics"

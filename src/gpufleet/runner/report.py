@@ -282,6 +282,22 @@ class RouterState(_Published):
         return [f"gateway {self.service}: {state}, the router finds unhealthy: {', '.join(out)}"]
 
 
+class EdgeState(_Published):
+    """The gateway's edge as a client finds it (asked from the gateway host by the status playbook, with the
+    key): the HTTP status of ``GET /v1/models`` (0: no answer) and the models it lists."""
+
+    url: str
+    status: int = 0
+    models: tuple[str, ...] = ()
+
+    @property
+    def problems(self) -> list[str]:
+        if self.status == 200:
+            return []
+        answered = f"answered HTTP {self.status}" if self.status > 0 else "did not answer"
+        return [f"gateway edge {self.url}: {answered} to GET /v1/models with the key"]
+
+
 class ServiceLoad(_Frozen):
     """What vLLM is doing now (gpufleet.runner.service_load): from Prometheus over ``window``, or from two
     reads of /metrics ``window`` apart. None = not reported (no such metric, no request in the window)."""
@@ -321,6 +337,7 @@ class StatusReport(_Frozen):
     load: ServiceLoad | None = None
     gateway: tuple[RouterState, ...] = ()
     replicas: tuple[ReplicaState, ...] = ()  # services: every replica the planner placed
+    edge: EdgeState | None = None  # services: the one endpoint, as a client finds it
 
     @property
     def services(self) -> dict[str, Literal["up", "degraded", "down"]]:
@@ -345,6 +362,7 @@ class StatusReport(_Frozen):
                 ready = sum(1 for r in replicas if r.ready)
                 said.append(f"service {name}: {state}, {ready} of {len(replicas)} replicas ready")
         said += [line for router in self.gateway for line in router.problems]
+        said += self.edge.problems if self.edge is not None else []
         for what in ("image_id", "model_revision"):
             runs = {node.host: getattr(node, what) for node in self.nodes if getattr(node, what)}
             if len(set(runs.values())) > 1:
