@@ -95,6 +95,7 @@ RUN_TIME_FACTS = (
     "gateway_report",
     "gpufleet_endpoint",
     "gpufleet_gateway",
+    "gpufleet_gateway_edge",
     "gpufleet_gateway_endpoint",
     "gpufleet_monitoring_endpoints",
     "gpufleet_nodes",
