@@ -48,7 +48,7 @@ from migration_support import (
 from services_support import REQUESTS_ON_HEAD, procs, served_on_head
 from tests.monitoring_assets import ALERT_NAMES, dashboards, metric_names, panel_queries, render_rules
 
-from gpufleet.lab.demo import PROMPT, api_key_file, chat, lab_plan, route_to_bridge
+from gpufleet.lab.demo import PROMPT, api_key_file, chat, lab_plan, listed_models, route_to_bridge
 from gpufleet.lab.inventory import DEMO_SERVICES, services_inventory
 from gpufleet.lab.net import outbound_drops
 from gpufleet.lab.upgrade import BROKEN_MESSAGE, BROKEN_SUFFIX, UPGRADE_SUFFIX, image_id, make_images
@@ -816,7 +816,7 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
         assert [chat(edge, deployment.key, model, "Hi")[0] for model in ("tiny", "tiny-chat")] == [200, 200]
         assert chat(edge, None, "tiny", "Hi")[0] == 401 and chat(edge, "wrong", "tiny", "Hi")[0] == 401
         assert chat(edge, deployment.key, "no-such-model", "Hi")[0] == 404
-        assert [model["id"] for model in listed_models(edge, deployment.key)] == ["tiny", "tiny-chat"]
+        assert listed_models(edge, deployment.key) == (200, ["tiny", "tiny-chat"])
         up = status(inventory)  # every replica on its node, ready, and each service up
         assert up.ok and up.vllm_ready, up.problems
         assert sorted((r.id, r.node, r.unit, r.ready) for r in up.replicas) == sorted(
@@ -895,14 +895,6 @@ def main_pid(lab: RunningLab, host: str, instance: str) -> str:
     """The MainPID systemd gives an instance's unit ("0" when it is not running)."""
     unit = f"gpufleet-vllm@{instance}.service"
     return lab.ssh(host, ["systemctl", "show", "-P", "MainPID", unit]).stdout.strip()
-
-
-def listed_models(endpoint: str, key: str) -> list[dict[str, Any]]:
-    """GET /v1/models with the key: the models (OpenAI's format)."""
-    request = urllib.request.Request(f"{endpoint}/models", headers={"Authorization": f"Bearer {key}"})
-    with urllib.request.urlopen(request, timeout=30) as response:  # the lab network only
-        data: list[dict[str, Any]] = json.loads(response.read())["data"]
-    return data
 
 
 def requests_on_head(lab: RunningLab, key: str | None, model: str, port: int, count: int) -> list[int]:
