@@ -146,8 +146,9 @@ def route_to_bridge(lab: Lab, inventory: LabInventory) -> None:
 
 
 # ----- the plan and the endpoint ------------------------------------------------------------------
-def lab_plan(inventory: Path, bundle: Path) -> Any:
-    """The planner's prediction for a lab inventory (gpufleet.planner.Plan).
+def lab_plan(inventory: Path, bundle: Path, service: str | None = None) -> Any:
+    """The planner's prediction for a lab inventory (gpufleet.planner.Plan): its one instance, or one replica
+    of ``service``.
 
     The lab has no GPU, so ``gpufleet plan`` plans nothing there. vLLM's CPU build holds its KV cache in
     host memory, sized by ``vllm_service_kv_cache_memory_gib``: planned as one device with this machine's
@@ -157,13 +158,34 @@ def lab_plan(inventory: Path, bundle: Path) -> Any:
     from gpufleet.planner import GpuDevice, PlanRequest, load_model_config, plan  # noqa: PLC0415
 
     fleet = load_fleet(inventory)
+    model, serving = fleet.model, fleet.serving
+    if service is not None:
+        (spec,) = [listed for listed in fleet.services if listed.name == service]
+        model, serving = spec.model, spec.serving
     memory = int(Path("/proc/meminfo").read_text().split()[1]) / 2**20  # MemTotal, KiB -> GiB
     request = PlanRequest(
-        hf_config=load_model_config(bundle / "models" / fleet.model.repo / "config.json"),
+        hf_config=load_model_config(bundle / "models" / model.repo / "config.json"),
         gpus=(GpuDevice(name="CPU (lab)", memory_gib=memory),),
-        **fleet.serving.model_dump(exclude={"served_model_name", "port"}),
+        **serving.model_dump(exclude={"served_model_name", "port"}),
     )
     return plan(request)
+
+
+def compared_with_plans(report: Any, inventory: Path, bundle: Path) -> Any:
+    """The deploy report with a warning for each vLLM fact more than 10% off the lab's plan: of the one
+    instance, or of each replica against its service's plan (named by the replica)."""
+    from gpufleet.vllm_log import compare  # noqa: PLC0415
+
+    if report.vllm is not None:
+        return report.compared_with(lab_plan(inventory, bundle))
+    plans = {name: lab_plan(inventory, bundle, name) for name in {r.service for r in report.replicas}}
+    warnings = [
+        f"replica {replica.id}: {warning}"
+        for replica in report.replicas
+        if replica.vllm is not None
+        for warning in compare(replica.vllm, plans[replica.service])
+    ]
+    return report.model_copy(update={"warnings": (*report.warnings, *warnings)})
 
 
 def chat(endpoint: str, key: str | None, model: str, prompt: str = PROMPT) -> tuple[int, dict[str, Any]]:
@@ -190,15 +212,13 @@ def api_key_file(inventory: Path) -> Path:
 
 # ----- the demo -----------------------------------------------------------------------------------
 def deploy_lab(inventory: Path, bundle: Path, console: Console) -> Any:
-    """Every stage from the bundle, shown live; the report of one instance compared with the lab's plan
-    (DeployReport)."""
+    """Every stage from the bundle, shown live; the report compared with the lab's plans (DeployReport)."""
     from gpufleet.runner import deploy  # noqa: PLC0415
     from gpufleet.runner.progress import LiveProgress, print_deploy_report  # noqa: PLC0415
 
     with LiveProgress(Console(stderr=True)) as live:
         report = deploy(inventory, bundle=bundle, progress=live)
-    if report.vllm is not None:
-        report = report.compared_with(lab_plan(inventory, bundle))
+    report = compared_with_plans(report, inventory, bundle)
     print_deploy_report(console, report)
     return report
 

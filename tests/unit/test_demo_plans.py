@@ -1,0 +1,58 @@
+"""`make demo` compares what each replica's vLLM reported at start-up with the lab's plan for its service
+(gpufleet.lab.demo.compared_with_plans), as it compared the one instance before services: a replica whose KV
+cache is more than 10% off its plan is named in a warning, one that matches is not."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gpufleet.lab.demo import compared_with_plans, lab_plan
+from gpufleet.lab.inventory import DEMO_SERVICES, LabHost, LabInventory, services_inventory, write
+from gpufleet.lab.tiny_model import TinyModelSpec, _config
+from gpufleet.runner.report import DeployReport, ReplicaReport
+from gpufleet.vllm_log import VllmFacts
+
+from .conftest import REPO
+
+
+def lab(tmp_path: Path) -> tuple[Path, Path]:
+    """The demo's services inventory over three lab hosts, and a bundle holding the tiny model's config."""
+    lab_inventory = LabInventory(
+        name="demo",
+        hosts=tuple(LabHost(f"node{i}", f"10.0.0.{i}") for i in (1, 2, 3)),
+        key=tmp_path / "key",
+        inventory=tmp_path / "lab" / "hosts.yml",
+        bridge_ip="10.0.0.254",
+        subnet="10.0.0.0/24",
+        offline=True,
+    )
+    write(lab_inventory)  # the lab's own hosts.yml, beside the lab's settings
+    (tmp_path / "lab" / "group_vars").symlink_to(REPO / "inventories" / "lab" / "group_vars")
+    inventory = services_inventory(lab_inventory.inventory, tmp_path / "services", DEMO_SERVICES)
+    config = tmp_path / "bundle" / "models" / "gpufleet" / "tiny-qwen2" / "config.json"
+    config.parent.mkdir(parents=True)
+    config.write_text(json.dumps(_config(TinyModelSpec(), pad_id=0, eos_id=0)), encoding="utf-8")
+    return inventory, tmp_path / "bundle"
+
+
+def test_each_replica_is_compared_with_its_services_plan(tmp_path: Path) -> None:
+    inventory, bundle = lab(tmp_path)
+    planned = lab_plan(inventory, bundle, "tiny")
+    kv_gib = planned.kv_cache_gib_per_gpu
+    shapes = (("tiny-0", "node1", 1.0), ("tiny-1", "node2", 1.2), ("tiny-chat-0", "node1", 1.0))
+    replicas = [
+        ReplicaReport(
+            id=rid,
+            service=rid.rsplit("-", 1)[0],
+            node=node,
+            url=f"http://{node}:8100",
+            vllm=VllmFacts(kv_cache_gib=kv_gib * factor, kv_cache_tokens=planned.kv_cache_tokens),
+        )
+        for rid, node, factor in shapes
+    ]
+
+    report = compared_with_plans(DeployReport(ok=True, replicas=tuple(replicas)), inventory, bundle)
+
+    assert [w.split(":")[0] for w in report.warnings] == ["replica tiny-1"], report.warnings
+    assert "kv_cache_gib_per_gpu" in report.warnings[0] and "(+20%)" in report.warnings[0]
