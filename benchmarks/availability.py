@@ -1,0 +1,209 @@
+"""What a replica's crash costs a service behind the gateway (issue 36's first measurement), on the lab.
+
+    make demo      # the lab "demo", left up: tiny as 3 replicas (one per host) behind the edge
+    sudo .venv/bin/python benchmarks/availability.py [--name demo] [--streams 4] [--seconds 90] \
+        [--kill-at 10] [--markdown benchmarks/results/availability.md]
+
+A steady, bounded load from this machine through the edge (``--streams`` concurrent streams of 4-token chats
+to ``tiny``, one after another on each stream) runs for ``--seconds``; at ``--kill-at`` the `vllm serve`
+process tree of tiny's replica off the head (tiny-1) gets SIGKILL. systemd restarts the replica (its unit's
+``Restart=``), the router's health check and circuit breaker take it out and back in (the gateway role's
+``gateway_health_check_interval``, ``gateway_health_failure_threshold``, ``gateway_circuit_breaker_timeout``).
+Reported: requests sent and failed (each failure's time after the kill), the longest gap between two answers,
+latency p50/p99 before and after the kill, when the killed replica listed its model again (asked from the
+head, its gateway host) and when it served a request again (its own ``vllm:request_success_total``).
+Loopback and the lab's addresses only; every run is bounded in time and requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from gpufleet.lab import Lab
+from gpufleet.lab.state import lab_dir
+
+MAX_REQUESTS = 20000
+# On the head: each URL's vllm:request_success_total, or -1 when it does not answer (stdin: {name: URL})
+COUNTERS = r"""
+import json, re, sys, urllib.request
+out = {}
+for name, url in json.load(sys.stdin).items():
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=2) as answer:
+            text = answer.read().decode()
+        found = re.findall(r"^vllm:request_success_total\{[^}]*\} ([0-9.e+]+)$", text, re.M)
+        out[name] = int(sum(float(value) for value in found))
+    except OSError:
+        out[name] = -1
+print(json.dumps(out))
+"""
+
+
+def chat(url: str, key: str) -> int:
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 4,
+        "temperature": 0,
+    }
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
+    request = urllib.request.Request(f"{url}/chat/completions", json.dumps(body).encode(), headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:  # the lab network only
+            response.read()
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+    except OSError:
+        return 0
+
+
+def load(url: str, key: str, streams: int, seconds: float) -> list[tuple[float, float, int]]:
+    """(start, end, HTTP status or 0) of every request, times from the load's start."""
+    done: list[tuple[float, float, int]] = []
+    lock = threading.Lock()
+    origin = time.monotonic()
+
+    def stream() -> None:
+        while time.monotonic() - origin < seconds and len(done) < MAX_REQUESTS:
+            start = time.monotonic() - origin
+            status = chat(url, key)
+            with lock:
+                done.append((start, time.monotonic() - origin, status))
+
+    threads = [threading.Thread(target=stream) for _ in range(streams)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sorted(done)
+
+
+def counters(lab: Lab, head: str, urls: dict[str, str]) -> dict[str, int]:
+    done = lab.ssh(head, ["python3", "-c", COUNTERS], stdin=json.dumps(urls), timeout=60)
+    return dict(json.loads(done.stdout)) if done.returncode == 0 else {name: -1 for name in urls}
+
+
+def run(name: str, streams: int, seconds: float, kill_at: float, edge_port: int) -> dict[str, Any]:
+    from gpufleet.fleet import load_fleet  # noqa: PLC0415  (imports ansible)
+    from gpufleet.fleet.services import place_fleet  # noqa: PLC0415
+
+    lab = Lab(name)
+    inventory = lab_dir(name) / "inventory" / "services"  # make demo's services (gpufleet.lab.demo)
+    key = (inventory / "gpufleet.apikey").read_text(encoding="utf-8").strip()
+    fleet = load_fleet(inventory)
+    ips = {node.name: str(node.node_ip) for node in fleet.nodes}
+    head = fleet.head.name
+    replicas = {r.id: r for r in place_fleet(fleet).of("tiny")}
+    victim = next(r for r in replicas.values() if r.node != head)
+    urls = {rid: f"http://{ips[r.node]}:{r.port}" for rid, r in replicas.items()}
+    edge = f"http://{ips[head]}:{edge_port}/v1"
+
+    before = counters(lab, head, urls)
+    found: dict[str, Any] = {}
+
+    def kill() -> None:
+        time.sleep(kill_at)
+        found["killed_at"] = kill_at
+        pattern = f"serve --config /etc/gpufleet/instances/{victim.id}/"
+        found["kill_rc"] = lab.ssh(victim.node, ["pkill", "-KILL", "-f", pattern], timeout=30).returncode
+        killed = time.monotonic()
+        served = counters(lab, head, {victim.id: urls[victim.id]})[victim.id]
+        while time.monotonic() - killed < seconds:
+            now = counters(lab, head, {victim.id: urls[victim.id]})[victim.id]
+            if now >= 0 and "answering_after_s" not in found:
+                found["answering_after_s"] = round(time.monotonic() - killed, 1)
+                served = now
+            if "answering_after_s" in found and now > served:
+                found["served_again_after_s"] = round(time.monotonic() - killed, 1)
+                return
+            time.sleep(0.5)
+
+    killer = threading.Thread(target=kill)
+    killer.start()
+    requests = load(edge, key, streams, seconds)
+    killer.join()
+    after = counters(lab, head, urls)
+    failed = [(round(start - kill_at, 2), status) for start, _, status in requests if status != 200]
+    answers = sorted(end for _, end, status in requests if status == 200)
+    gaps = [b - a for a, b in itertools.pairwise(answers)]
+
+    def percentiles(chosen: list[float]) -> dict[str, float]:
+        if not chosen:
+            return {}
+        ordered = sorted(chosen)
+        return {
+            "p50_ms": round(1000 * statistics.median(ordered), 1),
+            "p99_ms": round(1000 * ordered[int(0.99 * (len(ordered) - 1))], 1),
+        }
+
+    ok = [(start, end) for start, end, status in requests if status == 200]
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "streams": streams,
+        "seconds": seconds,
+        "victim": {"id": victim.id, "node": victim.node},
+        "requests": len(requests),
+        "failed": len(failed),
+        "failures_s_after_kill_and_status": failed[:50],
+        "longest_gap_s": round(max(gaps), 2) if gaps else None,
+        "latency_before_kill": percentiles([end - start for start, end in ok if end < kill_at]),
+        "latency_after_kill": percentiles([end - start for start, end in ok if start >= kill_at]),
+        "served_per_replica": {rid: after[rid] - before[rid] for rid in urls},
+        **found,
+    }
+
+
+def markdown(results: dict[str, Any]) -> str:
+    failed = results["failures_s_after_kill_and_status"]
+    return (
+        "# A replica killed under load, behind the gateway (lab, CPU, tiny model)\n\n"
+        f"{results['date']}, `benchmarks/availability.py` on the `make demo` lab: {results['streams']}"
+        " streams of 4-token chats to `tiny` (3 replicas, one per host) through the edge for"
+        f" {results['seconds']} s;"
+        f" at {results['killed_at']} s SIGKILL to {results['victim']['id']}'s `vllm serve` on"
+        f" {results['victim']['node']}.\n\n"
+        "| figure | measured |\n| --- | --- |\n"
+        f"| requests sent / failed | {results['requests']} / {results['failed']} |\n"
+        f"| failures (s after the kill, HTTP status; 0 = no answer) | {failed or 'none'} |\n"
+        f"| longest gap between two answers | {results['longest_gap_s']} s |\n"
+        f"| latency before the kill | {results['latency_before_kill']} |\n"
+        f"| latency after the kill | {results['latency_after_kill']} |\n"
+        f"| {results['victim']['id']} answering /metrics again | {results.get('answering_after_s')} s after"
+        " the kill |\n"
+        f"| {results['victim']['id']} served a routed request again | {results.get('served_again_after_s')}"
+        " s after the kill |\n"
+        f"| requests each replica served | {results['served_per_replica']} |\n\n"
+        "Raw:\n\n```json\n" + json.dumps(results, indent=1) + "\n```\n"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--name", default="demo")
+    parser.add_argument("--streams", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=90)
+    parser.add_argument("--kill-at", type=float, default=10)
+    parser.add_argument("--edge-port", type=int, default=8000)
+    parser.add_argument("--markdown", type=Path)
+    args = parser.parse_args(argv)
+    streams, seconds = min(max(args.streams, 1), 16), min(max(args.seconds, 10), 600)
+    results = run(args.name, streams, seconds, min(args.kill_at, seconds / 2), args.edge_port)
+    print(json.dumps(results, indent=1))
+    if args.markdown:
+        args.markdown.write_text(markdown(results), encoding="utf-8")
+    return 0 if results["kill_rc"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
