@@ -104,6 +104,9 @@ RUN_TIME_FACTS = (
     "gpufleet_ray_nodes_alive",
     "gpufleet_ray_nodes_expected",
     "gpufleet_ray_nodes_missing",
+    "gpufleet_replica_gates",
+    "gpufleet_replica_restored",
+    "gpufleet_replica_revisions",
     "gpufleet_replica_states",
     "gpufleet_replicas",
     "gpufleet_revisions",
@@ -120,6 +123,7 @@ RUN_TIME_FACTS = (
     "ray_cluster_report",
     "relay_probe_reached",
     "vllm_service_gate_result",
+    "vllm_service_revision_live",
     "vllm_service_instance",
     "vllm_service_restored",
 )

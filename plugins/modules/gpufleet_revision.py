@@ -42,6 +42,13 @@ options:
     state; empty = this node's own). A node records when its current revision has another one, so every
     node rotates when any node changed."}
   slot: {type: str, default: current, choices: [current, previous], description: With state=restore.}
+  keep_owner:
+    type: str
+    default: ""
+    description:
+      - State record. Names the model's kept links (C(<dir>@OWNER@current)) for an instance that shares
+        the model directory with others on the node (replicas of services), so that one's rotation never
+        moves another's.
   docker: {type: str, default: docker, description: The docker CLI.}
 """
 
@@ -116,10 +123,11 @@ def model_revision(model_dir: str) -> str:
     return "" if marker is None else str(marker.get("revision", ""))
 
 
-def keep_dir(model_dir: str, slot: str) -> str:
-    """Beside the model directory, on its file system (hard links do not cross file systems)."""
+def keep_dir(model_dir: str, slot: str, owner: str = "") -> str:
+    """Beside the model directory, on its file system (hard links do not cross file systems); ``owner`` (an
+    instance that shares the model directory with others on the node) gets links of its own."""
     parent, name = os.path.split(model_dir.rstrip("/"))
-    return os.path.join(parent, ".gpufleet-revisions", f"{name}@{slot}")
+    return os.path.join(parent, ".gpufleet-revisions", f"{name}@{owner + '@' if owner else ''}{slot}")
 
 
 def docker(cli: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -186,7 +194,7 @@ def write_file(source: str, path: str, mode: str) -> None:
     os.replace(temporary, path)
 
 
-def build(now: dict[str, Any], staging: str) -> list[str]:
+def build(now: dict[str, Any], staging: str, owner: str = "") -> list[str]:
     """The new slot's files under ``staging`` and its model's hard links under its temporary name."""
     shutil.rmtree(staging, ignore_errors=True)
     for path, state in now["files"].items():
@@ -197,9 +205,9 @@ def build(now: dict[str, Any], staging: str) -> list[str]:
             os.chmod(kept, 0o600)  # the environment files carry the API key
     if now["model"] is None:
         return []
-    incoming = keep_dir(now["model"]["dir"], "current.new")
+    incoming = keep_dir(now["model"]["dir"], "current.new", owner)
     shutil.rmtree(incoming, ignore_errors=True)
-    now["model"]["keep"] = keep_dir(now["model"]["dir"], "current")
+    now["model"]["keep"] = keep_dir(now["model"]["dir"], "current", owner)
     if os.path.isdir(now["model"]["dir"]):
         try:
             link_tree(now["model"]["dir"], incoming)
@@ -215,14 +223,14 @@ def build(now: dict[str, Any], staging: str) -> list[str]:
     return []
 
 
-def rotate(root: str, current: dict[str, Any], cli: str) -> None:
+def rotate(root: str, current: dict[str, Any], cli: str, owner: str = "") -> None:
     """current -> previous (its model's links and image tag too); the old previous goes."""
     old = read(root, "previous")
     if old is not None and (old.get("model") or {}).get("keep"):
         shutil.rmtree(old["model"]["keep"], ignore_errors=True)
     shutil.rmtree(os.path.join(root, "previous"), ignore_errors=True)
     if (current.get("model") or {}).get("keep"):
-        kept = keep_dir(current["model"]["dir"], "previous")
+        kept = keep_dir(current["model"]["dir"], "previous", owner)
         shutil.rmtree(kept, ignore_errors=True)
         if os.path.isdir(current["model"]["keep"]):
             os.replace(current["model"]["keep"], kept)
@@ -256,7 +264,7 @@ def record(module: AnsibleModule) -> dict[str, Any]:
     os.makedirs(root, mode=0o700, exist_ok=True)
     os.chmod(root, 0o700)
     staging = os.path.join(root, "current.new")
-    warnings = build(now, staging)
+    warnings = build(now, staging, params["keep_owner"])
     now.update(
         slot="current",
         fleet=fleet,
@@ -267,11 +275,12 @@ def record(module: AnsibleModule) -> dict[str, Any]:
     )
     write_record(staging, now)
     if current is not None:  # everything is built: rotate by renames (current -> previous, new -> current)
-        rotate(root, current, params["docker"])
+        rotate(root, current, params["docker"], params["keep_owner"])
     if now["model"] is not None and now["model"]["keep"]:
         shutil.rmtree(now["model"]["keep"], ignore_errors=True)
-        if os.path.isdir(keep_dir(now["model"]["dir"], "current.new")):
-            os.replace(keep_dir(now["model"]["dir"], "current.new"), now["model"]["keep"])
+        incoming = keep_dir(now["model"]["dir"], "current.new", params["keep_owner"])
+        if os.path.isdir(incoming):
+            os.replace(incoming, now["model"]["keep"])
     shutil.rmtree(os.path.join(root, "current"), ignore_errors=True)
     os.replace(staging, os.path.join(root, "current"))
     tag(params["docker"], now["image_id"], "current")
@@ -390,6 +399,7 @@ def main() -> None:
             "model_dir": {"type": "path", "default": ""},
             "gate": {"type": "dict", "default": {}},
             "fleet": {"type": "str", "default": ""},
+            "keep_owner": {"type": "str", "default": ""},
             "slot": {"type": "str", "default": "current", "choices": ["current", "previous"]},
             "docker": {"type": "str", "default": "docker"},
         },

@@ -52,7 +52,7 @@ from gpufleet.lab.demo import PROMPT, api_key_file, chat, lab_plan, listed_model
 from gpufleet.lab.inventory import DEMO_SERVICES, services_inventory
 from gpufleet.lab.net import outbound_drops
 from gpufleet.lab.upgrade import BROKEN_MESSAGE, BROKEN_SUFFIX, UPGRADE_SUFFIX, image_id, make_images
-from gpufleet.runner import STAGES, DeployReport, deploy, status, teardown
+from gpufleet.runner import STAGES, DeployReport, deploy, rollback, status, teardown
 from gpufleet.vllm_log import compare
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -857,6 +857,57 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
         )
         assert again.endpoint == edge and again.verify is not None and again.verify.unauthorized_status == 401
 
+        # Revisions: the whole deploy recorded one fleet revision for every replica, none kept before it, so a
+        # rollback to the previous one is refused, naming the replicas, and changes nothing
+        current = {i: replica_revision(lab, placed[i][0].name, i, "current") for i in placed}
+        assert all(kept is not None for kept in current.values()), current
+        assert len({kept["fleet"] for kept in current.values() if kept is not None}) == 1, current
+        refused = rollback(inventory)
+        assert not refused.ok and refused.failures, refused
+        assert "none for tiny-0, tiny-1, tiny-2, tiny-chat-0" in refused.failures[0].message, refused.failures
+        assert {instance: main_pid(lab, placed[instance][0].name, instance) for instance in kept} == pids
+        # A change of tiny-chat's settings restarts its replica alone and records the next fleet revision on
+        # every replica; `gpufleet rollback` puts the one before back: tiny-chat-0 restarts with its old file,
+        # no other replica restarts, and each records the restored revision as current
+        changed = services_inventory(
+            deployment.inventory,
+            tmp_path / "changed",
+            [
+                LAB_SERVICES[0],
+                {**LAB_SERVICES[1], "serving": {**LAB_SERVICES[1]["serving"], "max_num_seqs": 8}},
+            ],
+            key,
+            more,
+        )
+        chat_config = ["cat", "/etc/gpufleet/instances/tiny-chat-0/vllm.yaml"]
+        before_change = lab.ssh(head.name, chat_config).stdout
+        change = deploy(changed, bundle=deployment.bundle, stages=["serve", "verify"])
+        assert change.ok, failures(change)
+        assert "max-num-seqs: 8" in lab.ssh(head.name, chat_config).stdout
+        restarted = main_pid(lab, head.name, "tiny-chat-0")
+        assert restarted != pids["tiny-chat-0"]
+        pids["tiny-chat-0"] = restarted
+        everyone = {i: main_pid(lab, placed[i][0].name, i) for i in placed}
+        after_change = {i: replica_revision(lab, placed[i][0].name, i, "previous") for i in placed}
+        assert after_change == current, after_change  # the one before, kept as previous on every replica
+        back = rollback(changed)
+        assert back.ok and back.rollback is not None and back.rollback.restarted, failures(back)
+        assert (
+            back.rollback.revision is not None and back.rollback.revision.fleet == current["tiny-0"]["fleet"]
+        )
+        assert lab.ssh(head.name, chat_config).stdout == before_change
+        restored = {i: main_pid(lab, placed[i][0].name, i) for i in placed}
+        assert restored["tiny-chat-0"] != everyone["tiny-chat-0"]
+        assert {i: p for i, p in restored.items() if i != "tiny-chat-0"} == {
+            i: p for i, p in everyone.items() if i != "tiny-chat-0"
+        }
+        now = {i: replica_revision(lab, placed[i][0].name, i, "current") for i in placed}
+        assert {kept["fleet"] for kept in now.values() if kept is not None} == {current["tiny-0"]["fleet"]}, (
+            now
+        )
+        assert chat(edge, deployment.key, "tiny-chat", "Hi")[0] == 200
+        pids["tiny-chat-0"] = restored["tiny-chat-0"]
+
         shared = ["tiny-0", "tiny-chat-0", "default"]  # node1's container runs all three
         seen = {instance: procs(lab, head.name, instance) for instance in shared}
         assert all(seen[i]["service"] and not seen[i]["orphans"] for i in shared), seen
@@ -891,6 +942,12 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
         assert restored.ok, failures(restored)
 
 
+def replica_revision(lab: RunningLab, host: str, instance: str, slot: str) -> dict[str, Any] | None:
+    """What an instance keeps in a revision slot (current, previous), or None."""
+    read = lab.ssh(host, ["cat", f"/var/lib/gpufleet/revisions/{instance}/{slot}/revision.json"])
+    return json.loads(read.stdout) if read.returncode == 0 else None
+
+
 def main_pid(lab: RunningLab, host: str, instance: str) -> str:
     """The MainPID systemd gives an instance's unit ("0" when it is not running)."""
     unit = f"gpufleet-vllm@{instance}.service"
@@ -917,8 +974,7 @@ BROKEN = IMAGE + BROKEN_SUFFIX
 
 
 def kept_revision(lab: RunningLab, host: str, slot: str) -> dict[str, Any] | None:
-    read = lab.ssh(host, ["cat", f"/var/lib/gpufleet/revisions/default/{slot}/revision.json"])
-    return json.loads(read.stdout) if read.returncode == 0 else None
+    return replica_revision(lab, host, "default", slot)
 
 
 def ray_started(lab: RunningLab) -> dict[str, str]:

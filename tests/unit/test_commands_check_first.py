@@ -14,7 +14,7 @@ from gpufleet.cli import main
 from gpufleet.fleet import load
 from gpufleet.runner import api
 
-from .conftest import PROD_INVENTORY, InventoryFactory
+from .conftest import InventoryFactory
 
 
 @pytest.fixture
@@ -134,15 +134,3 @@ def test_the_endpoint_follows_an_extra_variable(make_inventory: InventoryFactory
     assert fleet.endpoint is not None and fleet.endpoint.url.endswith(":8000/v1")
     assert moved.endpoint is not None and moved.endpoint.url.endswith(":9000/v1")
     assert moved.with_extra_vars({"vllm_service_port": "9000"}) is moved  # the same run: not checked again
-
-
-def test_rollback_refuses_a_services_inventory_before_any_host(
-    tripwire: list[str], capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Services keep no revisions yet: a rollback there would look for the one instance's and restore nothing
-    (it ran the rollback playbook before)."""
-    code, problems = gpufleet(capsys, "rollback", "-i", str(PROD_INVENTORY))
-
-    assert code == 2 and tripwire == [], (code, problems)
-    assert len(problems) == 1 and "gpufleet_services: found services, which keep no revisions" in problems[0]
-    assert ". Fix: deploy the settings you want back" in problems[0]

@@ -1,19 +1,24 @@
 """`make demo` compares what each replica's vLLM reported at start-up with the lab's plan for its service
-(gpufleet.lab.demo.compared_with_plans), as it compared the one instance before services: a replica whose KV
-cache is more than 10% off its plan is named in a warning, one that matches is not."""
+(gpufleet.lab.demo.compared_with_plans), as it compared the one instance before services, and `gpufleet
+deploy` compares each replica with the plan for its own GPUs: a replica whose KV cache is more than 10% off
+its plan is named in a warning, one that matches is not."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
+from gpufleet.commands.deploy import finished
+from gpufleet.fleet import load
+from gpufleet.fleet.services import plan_replicas
 from gpufleet.lab.demo import compared_with_plans, lab_plan
 from gpufleet.lab.inventory import DEMO_SERVICES, LabHost, LabInventory, services_inventory, write
 from gpufleet.lab.tiny_model import TinyModelSpec, _config
 from gpufleet.runner.report import DeployReport, ReplicaReport
 from gpufleet.vllm_log import VllmFacts
 
-from .conftest import REPO
+from .conftest import PROD_INVENTORY, REPO
 
 
 def lab(tmp_path: Path) -> tuple[Path, Path]:
@@ -56,3 +61,34 @@ def test_each_replica_is_compared_with_its_services_plan(tmp_path: Path) -> None
 
     assert [w.split(":")[0] for w in report.warnings] == ["replica tiny-1"], report.warnings
     assert "kv_cache_gib_per_gpu" in report.warnings[0] and "(+20%)" in report.warnings[0]
+
+
+def test_gpufleet_deploy_compares_each_replica_with_its_own_plan() -> None:
+    """`gpufleet deploy` of services (inventories/prod: qwen-0 on the RTX 3090, qwen-1 on the H800) compares
+    each replica's vLLM with the plan for its own GPUs (gpufleet.fleet.services.plan_replicas): a replica
+    whose KV cache is 20% off its plan is named, one that matches its own (different) plan is not."""
+    fleet = load(PROD_INVENTORY).validate()
+    assert fleet.spec is not None
+    plans = plan_replicas(fleet.spec).plans
+    assert sorted(plans) == ["qwen-0", "qwen-1"]
+    assert plans["qwen-0"].kv_cache_tokens < plans["qwen-1"].kv_cache_tokens  # each on its own GPU
+    replicas = [
+        ReplicaReport(
+            id=rid,
+            service="qwen",
+            node=node,
+            url=f"http://{node}:8100",
+            vllm=VllmFacts(
+                kv_cache_gib=plans[rid].kv_cache_gib_per_gpu * factor,
+                kv_cache_tokens=plans[rid].kv_cache_tokens,
+            ),
+        )
+        for rid, node, factor in (("qwen-0", "gpu-a", 1.0), ("qwen-1", "gpu-b", 1.2))
+    ]
+    args = argparse.Namespace(extra_vars={}, bundle_signer=None, bundle=None)
+
+    report = finished(DeployReport(ok=True, replicas=tuple(replicas)), fleet, args)
+
+    compared = [w for w in report.warnings if w.startswith("replica ")]
+    assert [w.split(":")[0] for w in compared] == ["replica qwen-1"], report.warnings
+    assert "(+20%)" in compared[0]

@@ -238,3 +238,22 @@ def test_a_revision_of_another_file_layout_is_restored_whole(node: Node) -> None
     )
     assert node.files[1].read_text() == "max-model-len: 4096\n"
     assert not (instance / "vllm.yaml").exists() and not (node.etc / "vllm@.service").exists()
+
+
+def test_replicas_sharing_a_model_directory_keep_their_own_links(node: Node) -> None:
+    """Two replicas on one node serve one model directory (services): each records under its own root with
+    its own kept links (keep_owner), so the second one's rotation never moves or removes the first one's;
+    after a model change both keep the old weights as previous and restore them."""
+    roots = {owner: str(node.root / "revisions" / owner) for owner in ("tiny-0", "tiny-chat-0")}
+    for owner, root in roots.items():
+        node.module(state="record", root=root, keep_owner=owner, fleet="a")
+    node.runs(NEW, env="IMAGE=2\n", config="max-model-len: 4096\n", model_rev="r2", weights=b"two")
+
+    recorded = {o: node.module(state="record", root=r, keep_owner=o, fleet="b") for o, r in roots.items()}
+
+    for owner, result in recorded.items():
+        previous = result["revisions"]["previous"]["model"]
+        assert previous["keep"].endswith(f"tiny@{owner}@previous"), previous
+        assert (Path(previous["keep"]) / "model.safetensors").read_bytes() == b"one", owner
+    restored = node.module(state="restore", slot="previous", root=roots["tiny-0"])
+    assert restored["changed"] and (node.model / "model.safetensors").read_bytes() == b"one"

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from rich.console import Console
 
 from gpufleet.fleet import Fleet, load
+from gpufleet.fleet.services import plan_replicas
 from gpufleet.problems import InventoryError
 from gpufleet.runner import STAGES, DeployError, DeployReport, ProgressSink, StatusReport, deploy
 from gpufleet.runner.progress import LiveProgress, print_deploy_report
@@ -175,9 +176,12 @@ def run(args: argparse.Namespace) -> int:
 def finished(report: DeployReport, fleet: Fleet, args: argparse.Namespace) -> DeployReport:
     """The run's report with what the planner adds: vLLM's facts against its prediction, and the warning of
     an image that runs another vLLM release than the one it predicts."""
-    # Planned only now, and only when vLLM reported facts to compare with.
+    # Planned only now, and only when vLLM reported facts to compare with: the one instance's, or each
+    # replica's against its own plan (on its own GPUs).
     plan = planned(fleet) if report.vllm is not None else None
     report = report.compared_with(plan) if plan is not None else report
+    if report.replicas and fleet.spec is not None:
+        report = report.replicas_compared_with(plan_replicas(fleet.spec).plans)
     caveats = image_caveats(fleet, signer_variables(args), args.bundle)
     return report.model_copy(update={"warnings": (*report.warnings, *caveats)}) if caveats else report
 

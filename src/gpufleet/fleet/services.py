@@ -18,6 +18,7 @@ input for its own GPUs, so that a 3090 replica and an H800 replica each get thei
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,7 @@ from gpufleet.planner.placement import Node, Placement, PlacementError, Replica,
 from gpufleet.problems import Problem
 
 if TYPE_CHECKING:
-    from gpufleet.planner import PlanRequest
+    from gpufleet.planner import Plan, PlanRequest
 
 VARIABLE = "gpufleet_services"
 LEGACY_NAME = "default"  # the one service of an inventory before services: instance `default`, as before
@@ -200,13 +201,31 @@ def service_problems(fleet: FleetSpec) -> tuple[list[Problem], list[str]]:
     """What keeps the services from being placed, or a replica from starting on its own GPUs (the planner's
     errors, per replica); and the planner's warnings. A service without a config.json is not planned (a
     warning says so)."""
+    planned = plan_replicas(fleet)
+    return planned.problems, planned.warnings
+
+
+@dataclass(frozen=True)
+class PlannedReplicas:
+    """Every replica planned on its own GPUs (:func:`plan_replicas`): the plans by replica id, what keeps the
+    services from being placed or planned, and the planner's warnings."""
+
+    plans: Mapping[str, Plan]
+    problems: list[Problem]
+    warnings: list[str]
+
+
+def plan_replicas(fleet: FleetSpec) -> PlannedReplicas:
+    """Place the services and plan each replica on its own GPUs: what validation refuses, what the deploy
+    report compares each replica's vLLM with. A service without a config.json, or a replica on GPUs of unknown
+    memory (the lab's CPU build), is not planned."""
     try:
         placement = place_fleet(fleet)
     except PlacementError as error:
         problems = [
             Problem(f"{VARIABLE}: {p.where}", p.variable, p.found, p.expected, p.fix) for p in error.problems
         ]
-        return problems, []
+        return PlannedReplicas({}, problems, [])
     from gpufleet.planner import PlannerInputError, PlannerUnmodelledError, load_model_config, plan  # noqa: PLC0415
 
     configs: dict[str, dict[str, Any]] = {}
@@ -228,9 +247,10 @@ def service_problems(fleet: FleetSpec) -> tuple[list[Problem], list[str]]:
                     f"{error}; point model.config at the model's config.json",
                 )
             )
+    plans: dict[str, Plan] = {}
     for replica_id, request in replica_requests(fleet, placement, configs).items():
         try:
-            outcome = plan(request)
+            outcome = plans[replica_id] = plan(request)
         except PlannerUnmodelledError as unmodelled:
             warnings.append(f"{replica_id}: the model's memory was not planned: {unmodelled}")
             continue
@@ -256,7 +276,7 @@ def service_problems(fleet: FleetSpec) -> tuple[list[Problem], list[str]]:
             for error in outcome.errors
         ]
         warnings += [f"{replica_id}: {warning}" for warning in outcome.warnings]
-    return problems, warnings
+    return PlannedReplicas(plans, problems, warnings)
 
 
 def model_config(fleet: FleetSpec, model: ModelSpec) -> Path | None:

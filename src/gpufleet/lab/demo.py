@@ -174,18 +174,10 @@ def lab_plan(inventory: Path, bundle: Path, service: str | None = None) -> Any:
 def compared_with_plans(report: Any, inventory: Path, bundle: Path) -> Any:
     """The deploy report with a warning for each vLLM fact more than 10% off the lab's plan: of the one
     instance, or of each replica against its service's plan (named by the replica)."""
-    from gpufleet.vllm_log import compare  # noqa: PLC0415
-
     if report.vllm is not None:
         return report.compared_with(lab_plan(inventory, bundle))
     plans = {name: lab_plan(inventory, bundle, name) for name in {r.service for r in report.replicas}}
-    warnings = [
-        f"replica {replica.id}: {warning}"
-        for replica in report.replicas
-        if replica.vllm is not None
-        for warning in compare(replica.vllm, plans[replica.service])
-    ]
-    return report.model_copy(update={"warnings": (*report.warnings, *warnings)})
+    return report.replicas_compared_with({replica.id: plans[replica.service] for replica in report.replicas})
 
 
 def chat(endpoint: str, key: str | None, model: str, prompt: str = PROMPT) -> tuple[int, dict[str, Any]]:

@@ -82,13 +82,15 @@ def deploy(
         if refused:
             raise InventoryError(refused)
     started = time.monotonic()
-    # Services keep no revisions yet (their replicas' revisions come next): no rollback, no downtime probe of
-    # the one endpoint an inventory before services has.
+    # Every replica of services keeps its revisions: a failed change rolls them all back, as the one instance.
+    # The downtime probe polls the one endpoint of an inventory before services; the edge's model list answers
+    # whatever its replicas do, so services are not measured by it.
     services = fleet.spec is not None and bool(fleet.spec.services)
-    gated = not check and not services and any(stage in ROLLBACK_AFTER for stage in steps.stages)
+    gated = not check and any(stage in ROLLBACK_AFTER for stage in steps.stages)
     action = "check" if check else "deploy"
     restored: RollbackReport | None = None
-    with _one_run(fleet.path, action), _downtime_meter(fleet.endpoint if gated else None) as meter:
+    measured = fleet.endpoint if gated and not services else None
+    with _one_run(fleet.path, action), _downtime_meter(measured) as meter:
         marker = head_marker(specs, action, fleet.control)
         warnings = acquire(marker)
         results, facts = _run(specs, progress, cancel, marker, control=fleet.control)
@@ -130,16 +132,11 @@ def rollback(
     """Restore every node's ``previous`` revision (or ``current``: the last healthy one, after a change that
     failed outside deploy()), restart what changed and pass the health gate again (playbooks/rollback.yml)."""
     fleet = _fleet(inventory)
-    if fleet.lists_services:
-        raise DeployError(
-            f"{fleet.path}: gpufleet_services: found services, which keep no revisions yet (a deploy of "
-            "services rolls nothing back either); expected an inventory of the one-model form. Fix: deploy "
-            "the settings you want back (gpufleet deploy -i INVENTORY); nothing was changed"
-        )
     options = RunOptions.checked(fleet.path, project_dir=project_dir, timeout=timeout)
     first = spec(Step("rollback"), options)
     started = time.monotonic()
-    with _one_run(fleet.path, "rollback"), _downtime_meter(fleet.endpoint) as meter:
+    measured = None if fleet.lists_services else fleet.endpoint  # services: see deploy()
+    with _one_run(fleet.path, "rollback"), _downtime_meter(measured) as meter:
         marker = head_marker([first], "rollback", fleet.control)
         warnings = acquire(marker)
         restored = _rollback(

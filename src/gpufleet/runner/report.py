@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -97,6 +98,7 @@ class KeptRevision(_Frozen):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     id: str
+    fleet: str | None = None  # the fleet revision: one change, the same on every node (and every replica)
     created: str | None = None
     image_name: str | None = None
     image_id: str | None = None
@@ -152,6 +154,17 @@ class DeployReport(_Frozen):
         if self.vllm is None:
             return self
         return self.model_copy(update={"warnings": (*self.warnings, *compare(self.vllm, plan))})
+
+    def replicas_compared_with(self, plans: Mapping[str, PlanFigures]) -> DeployReport:
+        """This report with a warning, named by the replica, for each vLLM fact of a replica more than 10% off
+        its own plan (``plans``: by replica id; a replica without a plan or facts is not compared)."""
+        warnings = [
+            f"replica {replica.id}: {warning}"
+            for replica in self.replicas
+            if replica.vllm is not None and replica.id in plans
+            for warning in compare(replica.vllm, plans[replica.id])
+        ]
+        return self.model_copy(update={"warnings": (*self.warnings, *warnings)}) if warnings else self
 
 
 class _Published(BaseModel):
