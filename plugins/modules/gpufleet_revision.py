@@ -24,9 +24,10 @@ description:
   - Used by the gpufleet.gpufleet.vllm_service role (revision_record.yml, revision_restore.yml).
 options:
   state:
-    {type: str, default: read, choices: [read, record, restore], description: "read: report both slots;
-    record: make what runs now the current revision (the current one becomes previous) unless it already is;
-    restore: put slot's files, model directory and image back."}
+    {type: str, default: read, choices: [read, record, restore, absent], description: "read: report both
+    slots; record: make what runs now the current revision (the current one becomes previous) unless it
+    already is; restore: put slot's files, model directory and image back; absent: forget both slots (an
+    instance removed from the node) with their kept model links."}
   root: {type: path, default: /var/lib/gpufleet/revisions, description: Where the revisions are kept.}
   files:
     {type: list, elements: path, default: [], description: "The files of the service (absent ones too); with
@@ -371,6 +372,19 @@ def restore(module: AnsibleModule) -> dict[str, Any]:
     return {"changed": True, "restored": restored, "revision": summary(kept)}
 
 
+def forget(root: str, check: bool) -> dict[str, Any]:
+    """Both slots gone, with their model links (the image tags stay: other instances share them)."""
+    if not os.path.isdir(root):
+        return {"changed": False}
+    if not check:
+        for slot in SLOTS:
+            kept = read(root, slot)
+            if kept is not None and (kept.get("model") or {}).get("keep"):
+                shutil.rmtree(kept["model"]["keep"], ignore_errors=True)
+        shutil.rmtree(root)
+    return {"changed": True}
+
+
 def run(module: AnsibleModule) -> dict[str, Any]:
     state, root = module.params["state"], module.params["root"]
     result: dict[str, Any] = {"changed": False, "restored": []}
@@ -383,6 +397,8 @@ def run(module: AnsibleModule) -> dict[str, Any]:
         result.update(record(module))
     elif state == "restore":
         result.update(restore(module))
+    elif state == "absent":
+        result.update(forget(root, module.check_mode))
     result["revisions"] = {slot: summary(read(root, slot)) for slot in SLOTS}
     return result
 
@@ -390,7 +406,7 @@ def run(module: AnsibleModule) -> dict[str, Any]:
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
-            "state": {"type": "str", "default": "read", "choices": ["read", "record", "restore"]},
+            "state": {"type": "str", "default": "read", "choices": ["read", "record", "restore", "absent"]},
             "root": {"type": "path", "default": "/var/lib/gpufleet/revisions"},
             "files": {"type": "list", "elements": "path", "default": []},
             "container": {"type": "str", "default": "gpufleet-ray"},

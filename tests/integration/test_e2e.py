@@ -764,9 +764,12 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
     answering; Prometheus scrapes every replica, router and the edge, and each panel of the services
     dashboard has data; tiny, deployed first as 2 replicas, raised to 3, changes only node3 (the new
     replica) and the head (tiny's router): node2 changes nothing and no replica that was there restarts; a
-    second whole deploy changes nothing and takes the fast path (only verify runs); stopping one replica
-    leaves the other instances of its container running (no instance counts
-    another's processes as its orphans), and `status` then names it and says its service is down."""
+    second whole deploy changes nothing and takes the fast path (only verify runs); the whole deploy recorded
+    one fleet revision on every replica and a rollback without a previous one is refused naming them; a change
+    of tiny-chat's settings restarts its replica alone and `gpufleet rollback` puts the one before back on
+    it alone; stopping one replica leaves the other instances of its container running (no instance counts
+    another's processes as its orphans), and `status` then names it and says its service is down; a deploy
+    with fewer replicas and without tiny-chat stops and removes tiny-2, tiny-chat-0 and tiny-chat's router."""
     key = api_key_file(deployment.inventory)
     # the edge's port: the deployment's own instance keeps 8000 on the head
     more = {"gpufleet_monitoring": True, "gateway_edge_port": EDGE_PORT}
@@ -888,8 +891,14 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
         assert restarted != pids["tiny-chat-0"]
         pids["tiny-chat-0"] = restarted
         everyone = {i: main_pid(lab, placed[i][0].name, i) for i in placed}
+        # the one before, kept as previous on every replica
         after_change = {i: replica_revision(lab, placed[i][0].name, i, "previous") for i in placed}
-        assert after_change == current, after_change  # the one before, kept as previous on every replica
+        assert {i: (r or {}).get("id") for i, r in after_change.items()} == {
+            i: (r or {}).get("id") for i, r in current.items()
+        }, after_change
+        assert {(r or {}).get("fleet") for r in after_change.values()} == {
+            (current["tiny-0"] or {}).get("fleet")
+        }
         back = rollback(changed)
         assert back.ok and back.rollback is not None and back.rollback.restarted, failures(back)
         assert (
@@ -922,6 +931,31 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
         assert not down.ok and down.services == {"tiny": "up", "tiny-chat": "down"}, down.problems
         assert [(r.id, r.unit) for r in down.replicas if not r.ready] == [("tiny-chat-0", "inactive")]
         assert "service tiny-chat: down, 0 of 1 replicas ready" in down.problems
+
+        # Fewer replicas, and a service no longer listed: the serve stage stops and removes tiny-2 (node3) and
+        # tiny-chat-0 (node1) with their files and revisions, and tiny-chat's router; tiny-0 and tiny-1 keep
+        # running, node2 changes nothing
+        fewer = [{**LAB_SERVICES[0], "replicas": 2}]
+        lowered = deploy(
+            services_inventory(deployment.inventory, tmp_path / "fewer", fewer, key, more),
+            bundle=deployment.bundle,
+            stages=["serve"],
+        )
+        assert lowered.ok, failures(lowered)
+        assert {h.host: h.changed for s in lowered.stages for h in s.hosts}[hosts[1].name] == 0
+        for instance in ("tiny-2", "tiny-chat-0"):
+            host = placed[instance][0].name
+            for path in (f"/etc/gpufleet/instances/{instance}", f"/var/lib/gpufleet/revisions/{instance}"):
+                assert lab.ssh(host, ["test", "-e", path]).returncode == 1, path
+            unit = f"gpufleet-vllm@{instance}.service"
+            assert lab.ssh(host, ["systemctl", "is-enabled", unit]).stdout.strip() != "enabled", unit
+        assert lab.ssh(
+            head.name, ["systemctl", "is-active", "gpufleet-router@tiny-chat.service"]
+        ).stdout.strip() != ("active")
+        assert {i: main_pid(lab, placed[i][0].name, i) for i in ("tiny-0", "tiny-1")} == {
+            i: pids[i] for i in ("tiny-0", "tiny-1")
+        }
+        assert requests_on_head(lab, deployment.key, "tiny", ROUTER_PORT, 4) == [200] * 4
     finally:
         playbook(inventory, "gateway.yml", "-e", "gateway_services=[]")
         for instance, (host, _) in placed.items():

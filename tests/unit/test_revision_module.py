@@ -257,3 +257,25 @@ def test_replicas_sharing_a_model_directory_keep_their_own_links(node: Node) -> 
         assert (Path(previous["keep"]) / "model.safetensors").read_bytes() == b"one", owner
     restored = node.module(state="restore", slot="previous", root=roots["tiny-0"])
     assert restored["changed"] and (node.model / "model.safetensors").read_bytes() == b"one"
+
+
+def test_absent_forgets_an_instances_revisions_and_its_kept_model_links(node: Node) -> None:
+    """A replica removed from its node (fewer replicas): its revisions and its own kept model links go, the
+    model directory and another replica's links stay."""
+    roots = {owner: str(node.root / "revisions" / owner) for owner in ("tiny-1", "tiny-2")}
+    for owner, root in roots.items():
+        node.module(state="record", root=root, keep_owner=owner, fleet="a")
+    node.runs(NEW, env="IMAGE=2\n", config="max-model-len: 4096\n", model_rev="r2", weights=b"two")
+    for owner, root in roots.items():
+        node.module(state="record", root=root, keep_owner=owner, fleet="b")
+    kept = node.model.parent / ".gpufleet-revisions"
+
+    assert node.module(state="absent", root=roots["tiny-2"], check=True)["changed"]
+    assert Path(roots["tiny-2"]).is_dir()  # check mode: nothing removed
+    gone = node.module(state="absent", root=roots["tiny-2"])
+
+    assert gone["changed"] and gone["revisions"] == {"current": None, "previous": None}
+    assert not Path(roots["tiny-2"]).exists()
+    assert sorted(p.name for p in kept.iterdir()) == ["tiny@tiny-1@current", "tiny@tiny-1@previous"]
+    assert (node.model / "model.safetensors").read_bytes() == b"two"
+    assert node.module(state="absent", root=roots["tiny-2"])["changed"] is False
