@@ -104,6 +104,8 @@ RUN_TIME_FACTS = (
     "gpufleet_ray_nodes_alive",
     "gpufleet_ray_nodes_expected",
     "gpufleet_ray_nodes_missing",
+    "gpufleet_replica_changing",
+    "gpufleet_replica_checks",
     "gpufleet_replica_gates",
     "gpufleet_replica_restored",
     "gpufleet_replica_revisions",
@@ -111,6 +113,7 @@ RUN_TIME_FACTS = (
     "gpufleet_replicas",
     "gpufleet_revisions",
     "gpufleet_rollback",
+    "gpufleet_rolling",
     "gpufleet_service_load",
     "gpufleet_verify",
     "gpufleet_vllm_facts",
@@ -122,6 +125,7 @@ RUN_TIME_FACTS = (
     "ray_cluster_alive_nodes",
     "ray_cluster_report",
     "relay_probe_reached",
+    "vllm_service_checked",
     "vllm_service_gate_result",
     "vllm_service_revision_live",
     "vllm_service_instance",
@@ -136,7 +140,15 @@ _COLLECTION = os.path.dirname(_PLUGINS)
 FAST_GROUP = "gpufleet_in_sync"
 # Groups a run makes for itself (playbooks/serving_form.yml sorts the nodes by serving form): results of the
 # inventory, not inputs; a digest taken after them must be the one taken before.
-RUN_TIME_GROUPS = frozenset({FAST_GROUP, "gpufleet_serve_one_model", "gpufleet_serve_services"})
+RUN_TIME_GROUPS = frozenset(
+    {
+        FAST_GROUP,
+        "gpufleet_serve_one_model",
+        "gpufleet_serve_services",
+        "gpufleet_serve_parallel",
+        "gpufleet_serve_rolling",
+    }
+)
 
 
 @cache

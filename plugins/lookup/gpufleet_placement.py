@@ -73,7 +73,8 @@ RETURN = r"""
 _raw:
   description: >-
     For C(replicas): id, service, name (what clients send as model), node, nodes, gpus, port, url,
-    executor, model (repo, revision, dir) and serving (the vllm_service_* settings, less the prefix).
+    executor, model (repo, revision, dir), serving (the vllm_service_* settings, less the prefix) and
+    router_port (the port of its service's router on the gateway host).
     For C(gateway): name (the service's), model (what its clients send), port, metrics_port and workers.
     For C(metrics): job, target (host:port), labels. For C(stamps): the stamps' names (strings).
   type: list
@@ -142,6 +143,10 @@ class LookupModule(LookupBase):  # type: ignore[misc]
                         ),
                     }
                 )
+        # each replica's router: its service's, on the port the gateway's list gives that service
+        ports = {router["name"]: router["port"] for router in self._gateway(replicas)}
+        for replica in replicas:
+            replica["router_port"] = ports[replica["service"]]
         if what == "replicas":
             return replicas
         if what == "models":

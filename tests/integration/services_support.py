@@ -60,3 +60,13 @@ def procs(lab: Any, host: str, instance: str) -> dict[str, Any]:
     assert done.returncode == 0, done.stderr
     found: dict[str, Any] = json.loads(done.stdout)
     return found
+
+
+def router_workers(lab: Any, port: int) -> list[str]:
+    """The worker URLs a service's vllm-router on the head holds now (its /list_workers, on loopback)."""
+    head = lab.inventory.hosts[0]
+    read = f"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:{port}/list_workers').read().decode())"
+    done = lab.lab.ssh(head.name, ["python3", "-c", read], timeout=60)
+    assert done.returncode == 0, done.stderr
+    workers: list[str] = json.loads(done.stdout)["urls"]
+    return sorted(workers)

@@ -45,7 +45,7 @@ from migration_support import (
     previous_release,
     serve_with,
 )
-from services_support import REQUESTS_ON_HEAD, procs, served_on_head
+from services_support import REQUESTS_ON_HEAD, procs, router_workers, served_on_head
 from tests.monitoring_assets import ALERT_NAMES, dashboards, metric_names, panel_queries, render_rules
 
 from gpufleet.lab.demo import PROMPT, api_key_file, chat, lab_plan, listed_models, route_to_bridge
@@ -53,6 +53,7 @@ from gpufleet.lab.inventory import DEMO_SERVICES, services_inventory
 from gpufleet.lab.net import outbound_drops
 from gpufleet.lab.upgrade import BROKEN_MESSAGE, BROKEN_SUFFIX, UPGRADE_SUFFIX, image_id, make_images
 from gpufleet.runner import STAGES, DeployReport, deploy, rollback, status, teardown
+from gpufleet.runner.availability import LoadMeter
 from gpufleet.vllm_log import compare
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -781,12 +782,14 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
     placed["tiny-chat-0"] = (head, 8101)
     kept = ("tiny-0", "tiny-1", "tiny-chat-0")
     chat_router = ["systemctl", "show", "-P", "MainPID", "gpufleet-router@tiny-chat.service"]
+    tiny_router_pid = ["systemctl", "show", "-P", "MainPID", "gpufleet-router@tiny.service"]
     try:
         started = deploy(before_raise, bundle=deployment.bundle, stages=["serve"])
         assert started.ok, failures(started)
         assert sorted(r.id for r in started.replicas) == sorted(kept)
         pids = {instance: main_pid(lab, placed[instance][0].name, instance) for instance in kept}
         router = lab.ssh(head.name, chat_router).stdout
+        tiny_router = lab.ssh(head.name, tiny_router_pid).stdout
 
         report = deploy(inventory, bundle=deployment.bundle)  # a whole deploy: it records the fleet stamp
         assert report.ok, failures(report)
@@ -795,6 +798,10 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
         assert raised[hosts[1].name] == 0 and raised[hosts[2].name] > 0 and raised[head.name] > 0, raised
         assert {instance: main_pid(lab, placed[instance][0].name, instance) for instance in kept} == pids
         assert lab.ssh(head.name, chat_router).stdout == router
+        # tiny's router took the new replica live: not restarted, it holds all three
+        assert lab.ssh(head.name, tiny_router_pid).stdout == tiny_router
+        urls = {instance: f"http://{host.ip}:{port}" for instance, (host, port) in placed.items()}
+        assert router_workers(lab, ROUTER_PORT) == sorted(urls[f"tiny-{index}"] for index in range(3))
         for instance, (host, port) in placed.items():
             unit = f"gpufleet-vllm@{instance}.service"
             assert lab.ssh(host.name, ["systemctl", "is-active", unit]).stdout.strip() == "active", unit
@@ -803,7 +810,6 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
                 in lab.ssh(host.name, ["cat", f"/etc/gpufleet/instances/{instance}/vllm.yaml"]).stdout
             )
 
-        urls = {instance: f"http://{host.ip}:{port}" for instance, (host, port) in placed.items()}
         before = served_on_head(lab, urls)
         statuses = requests_on_head(lab, deployment.key, "tiny", ROUTER_PORT, 60)
         assert statuses == [200] * 60, statuses
@@ -820,6 +826,10 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
         assert chat(edge, None, "tiny", "Hi")[0] == 401 and chat(edge, "wrong", "tiny", "Hi")[0] == 401
         assert chat(edge, deployment.key, "no-such-model", "Hi")[0] == 404
         assert listed_models(edge, deployment.key) == (200, ["tiny", "tiny-chat"])
+        # the routers' own endpoints never reach the network, not even with the key and a model in the body
+        removal = f"{edge.removesuffix('/v1')}/remove_worker?url={urllib.parse.quote(urls['tiny-1'])}"
+        assert post_json(removal, deployment.key, {"model": "tiny"}) == 404
+        assert len(router_workers(lab, ROUTER_PORT)) == 3
         up = status(inventory)  # every replica on its node, ready, and each service up
         assert up.ok and up.vllm_ready, up.problems
         assert sorted((r.id, r.node, r.unit, r.ready) for r in up.replicas) == sorted(
@@ -869,53 +879,101 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
         assert not refused.ok and refused.failures, refused
         assert "none for tiny-0, tiny-1, tiny-2, tiny-chat-0" in refused.failures[0].message, refused.failures
         assert {instance: main_pid(lab, placed[instance][0].name, instance) for instance in kept} == pids
-        # A change of tiny-chat's settings restarts its replica alone and records the next fleet revision on
-        # every replica; `gpufleet rollback` puts the one before back: tiny-chat-0 restarts with its old file,
-        # no other replica restarts, and each records the restored revision as current
+        # A rolling change (issue 36): tiny's settings change on its 3 replicas, one node at a time, each
+        # drained from tiny's router, restarted, gated and put back, under a steady load through the edge (the
+        # report's availability): no request fails, tiny-chat-0 and the routers do not restart, and verify
+        # records the next fleet revision on every replica, the one before kept as previous
+        tiny8 = {**LAB_SERVICES[0], "serving": {**LAB_SERVICES[0]["serving"], "max_num_seqs": 8}}
         changed = services_inventory(
-            deployment.inventory,
-            tmp_path / "changed",
-            [
-                LAB_SERVICES[0],
-                {**LAB_SERVICES[1], "serving": {**LAB_SERVICES[1]["serving"], "max_num_seqs": 8}},
-            ],
-            key,
-            more,
+            deployment.inventory, tmp_path / "changed", [tiny8, *LAB_SERVICES[1:]], key, more
         )
-        chat_config = ["cat", "/etc/gpufleet/instances/tiny-chat-0/vllm.yaml"]
-        before_change = lab.ssh(head.name, chat_config).stdout
-        change = deploy(changed, bundle=deployment.bundle, stages=["serve", "verify"])
-        assert change.ok, failures(change)
-        assert "max-num-seqs: 8" in lab.ssh(head.name, chat_config).stdout
-        restarted = main_pid(lab, head.name, "tiny-chat-0")
-        assert restarted != pids["tiny-chat-0"]
-        pids["tiny-chat-0"] = restarted
+        running = {i: main_pid(lab, placed[i][0].name, i) for i in placed}
+        rolled = deploy(changed, bundle=deployment.bundle, stages=["serve", "verify"])
+        assert rolled.ok, failures(rolled)
+        loaded = rolled.availability
+        assert loaded is not None and loaded.answered_before and loaded.requests >= 20, loaded
+        assert loaded.failed == 0, loaded
+        for index in range(3):
+            config = ["cat", f"/etc/gpufleet/instances/tiny-{index}/vllm.yaml"]
+            assert "max-num-seqs: 8" in lab.ssh(placed[f"tiny-{index}"][0].name, config).stdout
         everyone = {i: main_pid(lab, placed[i][0].name, i) for i in placed}
-        # the one before, kept as previous on every replica
+        assert everyone["tiny-chat-0"] == pids["tiny-chat-0"]
+        assert all(everyone[f"tiny-{index}"] != running[f"tiny-{index}"] for index in range(3)), everyone
+        assert lab.ssh(head.name, tiny_router_pid).stdout == tiny_router
+        assert lab.ssh(head.name, chat_router).stdout == router
+        assert len(router_workers(lab, ROUTER_PORT)) == 3
         after_change = {i: replica_revision(lab, placed[i][0].name, i, "previous") for i in placed}
         assert {i: (r or {}).get("id") for i, r in after_change.items()} == {
             i: (r or {}).get("id") for i, r in current.items()
         }, after_change
-        assert {(r or {}).get("fleet") for r in after_change.values()} == {
-            (current["tiny-0"] or {}).get("fleet")
-        }
-        back = rollback(changed)
+        # `gpufleet rollback` puts the one before back: tiny's replicas restart with their old files,
+        # tiny-chat-0 does not, and each replica records the restored revision as current
+        back = rollback(changed, load=0)
         assert back.ok and back.rollback is not None and back.rollback.restarted, failures(back)
         assert (
             back.rollback.revision is not None and back.rollback.revision.fleet == current["tiny-0"]["fleet"]
         )
-        assert lab.ssh(head.name, chat_config).stdout == before_change
         restored = {i: main_pid(lab, placed[i][0].name, i) for i in placed}
-        assert restored["tiny-chat-0"] != everyone["tiny-chat-0"]
-        assert {i: p for i, p in restored.items() if i != "tiny-chat-0"} == {
-            i: p for i, p in everyone.items() if i != "tiny-chat-0"
-        }
+        assert restored["tiny-chat-0"] == pids["tiny-chat-0"], restored
+        assert all(restored[f"tiny-{index}"] != everyone[f"tiny-{index}"] for index in range(3)), restored
+        tiny0_config = ["cat", "/etc/gpufleet/instances/tiny-0/vllm.yaml"]
+        assert "max-num-seqs: 8" not in lab.ssh(head.name, tiny0_config).stdout
         now = {i: replica_revision(lab, placed[i][0].name, i, "current") for i in placed}
         assert {kept["fleet"] for kept in now.values() if kept is not None} == {current["tiny-0"]["fleet"]}, (
             now
         )
-        assert chat(edge, deployment.key, "tiny-chat", "Hi")[0] == 200
-        pids["tiny-chat-0"] = restored["tiny-chat-0"]
+        assert chat(edge, deployment.key, "tiny", "Hi")[0] == 200
+        pids = restored
+
+        # A change that cannot start (an argument vLLM refuses, for every replica): the rolling change stops
+        # at the first replica (tiny-0, on the first node), which is restored to its current revision, gated
+        # and put back; no other replica changes, no request through the edge fails, the run fails naming it
+        broken = services_inventory(
+            deployment.inventory,
+            tmp_path / "broken",
+            LAB_SERVICES,
+            key,
+            {**more, "vllm_service_extra_args": ["--gpufleet-lab-no-such-argument"]},
+        )
+        stopped = deploy(broken, bundle=deployment.bundle, stages=["serve"])
+        assert not stopped.ok and stopped.failed_stage == "serve", stopped
+        assert stopped.rolling is not None and (stopped.rolling.replica, stopped.rolling.restored) == (
+            "tiny-0",
+            True,
+        ), stopped.rolling
+        assert stopped.rollback is None  # the rolling change restored what it changed
+        assert "replica tiny-0 on node1" in failures(stopped) and "no replica after it" in failures(stopped)
+        assert stopped.availability is not None and stopped.availability.failed == 0, stopped.availability
+        after_stop = {i: main_pid(lab, placed[i][0].name, i) for i in placed}
+        assert {i: p for i, p in after_stop.items() if i != "tiny-0"} == {
+            i: p for i, p in pids.items() if i != "tiny-0"
+        }, after_stop
+        assert "gpufleet-lab-no-such-argument" not in lab.ssh(head.name, tiny0_config).stdout
+        assert len(router_workers(lab, ROUTER_PORT)) == 3
+        assert requests_on_head(lab, deployment.key, "tiny", ROUTER_PORT, 3) == [200] * 3
+        pids = after_stop
+
+        # A replica killed under load (issue 36's failover): the router's health check takes tiny-2 out, no
+        # request fails, systemd starts it again and it serves routed requests again
+        with LoadMeter(edge, key, ["tiny"], streams=2, warmup=2.0) as meter:
+            victim = ["pkill", "-KILL", "-f", "serve --config /etc/gpufleet/instances/tiny-2/"]
+            killed = lab.ssh(placed["tiny-2"][0].name, victim)
+            assert killed.returncode == 0, killed.stderr
+            served: dict[str, int] = {}
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:  # back once tiny-2's new vLLM finished a routed request
+                try:
+                    served = served_on_head(lab, {"tiny-2": urls["tiny-2"]})
+                except AssertionError:
+                    served = {}
+                if served.get("tiny-2", 0) > 0:
+                    break
+                time.sleep(3)
+        after_kill = meter.result()
+        assert served.get("tiny-2", 0) > 0, "tiny-2 never served again after the kill"
+        assert after_kill.answered_before and after_kill.requests >= 20, after_kill
+        assert after_kill.failed == 0, after_kill
+        pids["tiny-2"] = main_pid(lab, placed["tiny-2"][0].name, "tiny-2")
 
         shared = ["tiny-0", "tiny-chat-0", "default"]  # node1's container runs all three
         seen = {instance: procs(lab, head.name, instance) for instance in shared}
@@ -934,7 +992,7 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
 
         # Fewer replicas, and a service no longer listed: the serve stage stops and removes tiny-2 (node3) and
         # tiny-chat-0 (node1) with their files and revisions, and tiny-chat's router; tiny-0 and tiny-1 keep
-        # running, node2 changes nothing
+        # running, and tiny's router takes tiny-2 out live
         fewer = [{**LAB_SERVICES[0], "replicas": 2}]
         lowered = deploy(
             services_inventory(deployment.inventory, tmp_path / "fewer", fewer, key, more),
@@ -942,7 +1000,8 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
             stages=["serve"],
         )
         assert lowered.ok, failures(lowered)
-        assert {h.host: h.changed for s in lowered.stages for h in s.hosts}[hosts[1].name] == 0
+        assert lab.ssh(head.name, tiny_router_pid).stdout == tiny_router
+        assert router_workers(lab, ROUTER_PORT) == sorted(urls[f"tiny-{index}"] for index in range(2))
         for instance in ("tiny-2", "tiny-chat-0"):
             host = placed[instance][0].name
             for path in (f"/etc/gpufleet/instances/{instance}", f"/var/lib/gpufleet/revisions/{instance}"):
@@ -974,6 +1033,20 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
             extra_vars={"gpufleet_monitoring": True},
         )
         assert restored.ok, failures(restored)
+
+
+def post_json(url: str, key: str | None, body: dict[str, Any]) -> int:
+    """POST a JSON body (with the key, when given) from this machine: the HTTP status, 0 for no answer."""
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    request = urllib.request.Request(url, json.dumps(body).encode(), headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:  # the lab network only
+            answer.read()
+            return int(answer.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+    except OSError:
+        return 0
 
 
 def replica_revision(lab: RunningLab, host: str, instance: str, slot: str) -> dict[str, Any] | None:

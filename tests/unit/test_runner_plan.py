@@ -11,12 +11,14 @@ from typing import Any
 import pytest
 import yaml
 from ansible.plugins.filter.core import to_bool
+from rich.console import Console
 
 from gpufleet.cli import main
 from gpufleet.fleet import loaded
 from gpufleet.runner import api
 from gpufleet.runner.facts import PublishedFacts, as_bool
 from gpufleet.runner.plan import RunPlan, Step, deploy_plan
+from gpufleet.runner.progress import print_deploy_report
 from gpufleet.runner.report import StageResult
 
 from .conftest import InventoryFactory
@@ -163,6 +165,31 @@ def test_a_failed_gate_rolls_back_with_the_runs_options_but_not_its_variables(
     (served,), (restored,) = runs
     assert restored.extravars == {"gpufleet_revision_slot": "current", "gpufleet_revision_required": False}
     assert (restored.limit, restored.timeout, restored.inventory) == (None, 30, served.inventory)
+
+
+def test_a_rolling_change_that_restored_its_replica_is_not_rolled_back_again(
+    inventory: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """playbooks/serve.yml's rolling change restored the replica that failed, and no other replica changed:
+    deploy() reports where it stopped and runs no rollback of every replica after it."""
+    runs: list[Any] = []
+    stop = {"replica": "tiny-0", "service": "tiny", "node": "n1", "restored": "True", "why": "gate: exited"}
+
+    def stages(specs: Any, *_: Any) -> tuple[list[StageResult], dict[str, Any]]:
+        runs.append(specs)
+        return [StageResult(name="serve", status="failed", seconds=0.1)], {"gpufleet_rolling": ("n1", stop)}
+
+    monkeypatch.setattr(api, "run_stages", stages)
+    monkeypatch.setattr(api, "head_marker", lambda *_: None)
+
+    report = api.deploy(inventory, stages=["serve"], validate_inventory=False)
+
+    assert not report.ok and report.failed_stage == "serve" and report.rollback is None
+    assert report.rolling is not None and report.rolling.replica == "tiny-0" and report.rolling.restored
+    assert len(runs) == 1
+    console = Console(record=True, width=200)
+    print_deploy_report(console, report)
+    assert "rolling change stopped at replica tiny-0 (tiny, n1): restored" in console.export_text()
 
 
 def test_the_facts_the_runner_collects_are_the_contracts() -> None:

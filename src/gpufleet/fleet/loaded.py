@@ -155,6 +155,23 @@ class Fleet:
         return self.raw is not None and any("gpufleet_services" in host.variables for host in self.raw.hosts)
 
     @property
+    def edge(self) -> Endpoint | None:
+        """Services: where the gateway's edge answers - ``gateway_edge_host`` (default the head's cluster
+        address), ``gateway_edge_port`` (default 8000) - and the key file (:attr:`endpoint`'s); None for one
+        model, without an edge (``gateway_edge: false``) or when it is not knowable here."""
+        heads = self.raw.members("ray_head") if self.raw is not None else []
+        if self.spec is None or not self.spec.services or not heads or self.endpoint is None:
+            return None
+        variables: dict[str, Any] = dict(heads[0].variables)
+        if str(variables.get("gateway_edge", True)).lower() in ("false", "no", "0", "off"):
+            return None
+        host = str(variables.get("gateway_edge_host") or variables.get("gpufleet_node_ip", ""))
+        port = str(variables.get("gateway_edge_port", 8000))
+        if not host or "{{" in host or "{{" in port:
+            return None
+        return Endpoint(f"http://{host}:{port}/v1", self.endpoint.key_file)
+
+    @property
     def endpoint(self) -> Endpoint | None:
         """Where the service answers and its key file, as the inventory sets them (None: not knowable here).
 

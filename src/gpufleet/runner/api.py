@@ -23,6 +23,7 @@ from gpufleet.fleet.services import not_deployable
 from gpufleet.problems import InventoryError
 from gpufleet.runner.adhoc import acquire, clean_hosts, head_marker
 from gpufleet.runner.arguments import RunSpec, run_stages
+from gpufleet.runner.availability import STREAMS, LoadMeter
 from gpufleet.runner.downtime import DowntimeMeter
 from gpufleet.runner.events import ProgressSink
 from gpufleet.runner.facts import PublishedFacts
@@ -54,12 +55,16 @@ def deploy(
     validate_inventory: bool = True,
     env_passthrough: Sequence[str] = (),
     rollback: bool = True,
+    load: int = STREAMS,
 ) -> DeployReport:
     """Run the stages (all by default, always in :data:`STAGES` order) and report.
 
-    A change to a serving fleet is measured (the endpoint polled from here: ``report.downtime``) and gated:
-    when a stage of :data:`ROLLBACK_AFTER` fails and ``rollback`` is true, every node's last healthy revision
-    is restored and has to pass the gate again (``report.rollback``); the report stays not ok.
+    A change to a serving fleet is measured (the endpoint polled from here: ``report.downtime``; for
+    services, ``load`` concurrent streams of short chats through the gateway's edge:
+    ``report.availability``, 0 = none) and gated: when a stage of :data:`ROLLBACK_AFTER` fails and
+    ``rollback`` is true, every node's last healthy revision is restored and has to pass the gate again
+    (``report.rollback``); the report stays not ok. A rolling change of services that stopped at a replica
+    has restored that replica already (``report.rolling``): nothing else is rolled back then.
 
     ``inventory`` is the inventory's path, or the :class:`~gpufleet.fleet.Fleet` that
     :func:`gpufleet.fleet.load` read from it (the CLI reads it once for its plan and for the run).
@@ -84,18 +89,23 @@ def deploy(
     started = time.monotonic()
     # Every replica of services keeps its revisions: a failed change rolls them all back, as the one instance.
     # The downtime probe polls the one endpoint of an inventory before services; the edge's model list answers
-    # whatever its replicas do, so services are not measured by it.
+    # whatever its replicas do, so services are measured by a load through the edge instead.
     services = fleet.spec is not None and bool(fleet.spec.services)
     gated = not check and any(stage in ROLLBACK_AFTER for stage in steps.stages)
     action = "check" if check else "deploy"
     restored: RollbackReport | None = None
     measured = fleet.endpoint if gated and not services else None
-    with _one_run(fleet.path, action), _downtime_meter(measured) as meter:
+    with (
+        _one_run(fleet.path, action),
+        _downtime_meter(measured) as meter,
+        _load_meter(fleet, load if gated else 0) as loaded,
+    ):
         marker = head_marker(specs, action, fleet.control)
         warnings = acquire(marker)
         results, facts = _run(specs, progress, cancel, marker, control=fleet.control)
         failed = next((result.name for result in results if result.status != "ok"), None)
-        if rollback and gated and failed in ROLLBACK_AFTER and results[-1].status == "failed":
+        stopped = facts.rolling is not None and facts.rolling.restored
+        if rollback and gated and failed in ROLLBACK_AFTER and results[-1].status == "failed" and not stopped:
             restored = _rollback(
                 options, "current", progress, cancel, marker, required=False, control=fleet.control
             )
@@ -116,6 +126,8 @@ def deploy(
         downtime=meter.result() if meter is not None else None,
         rollback=restored,
         replicas=facts.replicas,
+        availability=loaded.result() if loaded is not None else None,
+        rolling=facts.rolling,
     )
     return report.compared_with(plan) if plan is not None else report
 
@@ -128,15 +140,21 @@ def rollback(
     project_dir: Path | None = None,
     timeout: int | None = None,
     cancel: Callable[[], bool] | None = None,
+    load: int = STREAMS,
 ) -> DeployReport:
     """Restore every node's ``previous`` revision (or ``current``: the last healthy one, after a change that
-    failed outside deploy()), restart what changed and pass the health gate again (playbooks/rollback.yml)."""
+    failed outside deploy()), restart what changed and pass the health gate again (playbooks/rollback.yml).
+    Measured as deploy() measures a change (``load``: services' streams through the edge)."""
     fleet = _fleet(inventory)
     options = RunOptions.checked(fleet.path, project_dir=project_dir, timeout=timeout)
     first = spec(Step("rollback"), options)
     started = time.monotonic()
     measured = None if fleet.lists_services else fleet.endpoint  # services: see deploy()
-    with _one_run(fleet.path, "rollback"), _downtime_meter(measured) as meter:
+    with (
+        _one_run(fleet.path, "rollback"),
+        _downtime_meter(measured) as meter,
+        _load_meter(fleet, load) as loaded,
+    ):
         marker = head_marker([first], "rollback", fleet.control)
         warnings = acquire(marker)
         restored = _rollback(
@@ -151,6 +169,7 @@ def rollback(
         warnings=tuple(warnings),
         downtime=meter.result() if meter is not None else None,
         rollback=restored,
+        availability=loaded.result() if loaded is not None else None,
     )
 
 
@@ -302,6 +321,19 @@ def _downtime_meter(target: Endpoint | None) -> Iterator[DowntimeMeter | None]:
         yield None
         return
     with DowntimeMeter(*target) as meter:
+        yield meter
+
+
+@contextlib.contextmanager
+def _load_meter(fleet: Fleet, streams: int) -> Iterator[LoadMeter | None]:
+    """Services: ``streams`` streams of short chats to every service through the edge while the block runs;
+    None: not measured (one model, no edge, or no streams)."""
+    edge = fleet.edge
+    if streams <= 0 or edge is None or fleet.spec is None:
+        yield None
+        return
+    models = [service.serving.served_model_name or service.name for service in fleet.spec.services]
+    with LoadMeter(edge.url, edge.key_file, models, streams=streams) as meter:
         yield meter
 
 

@@ -15,7 +15,7 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpufleet.runner.report import Downtime
+from gpufleet.runner.measured import Downtime
 
 INTERVAL = 1.0
 TIMEOUT = 2.0

@@ -32,6 +32,7 @@ PUBLISHED_FACTS = frozenset(
         "gpufleet_gateway_edge",
         "gpufleet_monitoring_endpoints",
         "gpufleet_rollback",
+        "gpufleet_rolling",
         "gpufleet_replicas",
         "gpufleet_replica_states",
     }

@@ -35,6 +35,8 @@ value set by any host in the run:
 - ``gpufleet_gateway``: the gateway's routers on the head (status), a list of mappings with the fields of
   :class:`gpufleet.runner.report.RouterState` (the gateway role's ``gateway_report``); empty without one.
 - ``gpufleet_monitoring_endpoints``: ``prometheus`` and ``grafana`` URLs and ``targets_up`` (monitoring).
+- ``gpufleet_rolling``: services (serve): where a rolling change stopped, the fields of
+  :class:`gpufleet.runner.report.RollingStop` (the replica that failed, whether it was restored and why).
 - ``gpufleet_rollback``: ``revision`` (the restored revision, the fields of
   :class:`gpufleet.runner.report.KeptRevision`), ``restarted`` and ``restored`` (per host, the lines of what
   it put back) (rollback).
@@ -52,6 +54,7 @@ from ansible.module_utils.parsing.convert_bool import boolean
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpufleet.runner.arguments import Facts
+from gpufleet.runner.measured import RollingStop
 from gpufleet.runner.report import (
     EdgeState,
     GpuHolder,
@@ -113,6 +116,7 @@ class PublishedFacts(_Frozen):
     replicas: tuple[ReplicaReport, ...] = ()
     replica_states: tuple[ReplicaState, ...] = ()
     gateway_edge: EdgeState | None = None
+    rolling: RollingStop | None = None
 
     @classmethod
     def read(cls, facts: Facts) -> PublishedFacts:
@@ -140,6 +144,7 @@ class PublishedFacts(_Frozen):
             replicas=_replicas(_mapping(values, "gpufleet_replicas") or {}),
             replica_states=_listed(ReplicaState, values.get("gpufleet_replica_states")),
             gateway_edge=_edge(_mapping(values, "gpufleet_gateway_edge")),
+            rolling=_rolling(_mapping(values, "gpufleet_rolling")),
         )
 
 
@@ -273,6 +278,15 @@ def _node_state(host: str, published: object) -> NodeState:
         )
     except ValidationError as error:
         return NodeState(host=host, procs_error=f"unreadable report: {error}"[:300])
+
+
+def _rolling(published: Mapping[str, Any] | None) -> RollingStop | None:
+    if published is None:
+        return None
+    try:
+        return RollingStop.model_validate({**published, "restored": as_bool(published.get("restored"))})
+    except ValidationError:
+        return None
 
 
 def _rolled_back(published: Mapping[str, Any] | None) -> RolledBack | None:

@@ -16,12 +16,11 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from gpufleet.runner.change_lines import change_lines, failure_lines
 from gpufleet.runner.report import (
     DeployReport,
-    Downtime,
     Failure,
     ReplicaReport,
-    RollbackReport,
     ServiceLoad,
     StageResult,
     StatusReport,
@@ -194,10 +193,8 @@ def print_deploy_report(console: Console, report: DeployReport) -> None:
         console.print(f"monitoring: Prometheus {monitoring.prometheus}{grafana} ({up})")
     for warning in report.warnings:
         console.print(Text("warning: " + warning, style="yellow"))
-    if report.rollback is not None:
-        console.print(_rolled_back(report.rollback))
-    if report.downtime is not None:
-        console.print(_downtime(report.downtime))
+    for line in change_lines(report):
+        console.print(line)
     outcome = "deployed" + (" (no changes)" if report.changed == 0 and not report.check_mode else "")
     outcome += _FAST[any(stage.in_sync for stage in report.stages)]
     if (back := report.rollback) is not None:
@@ -215,54 +212,6 @@ def print_deploy_report(console: Console, report: DeployReport) -> None:
             outcome if report.ok or report.rollback is not None else f"failed in stage {report.failed_stage}",
             style="bold green" if report.ok else "bold red",
         )
-    )
-
-
-def _rolled_back(back: RollbackReport) -> RenderableType:
-    if back.skipped:
-        return Text(f"rollback: {back.skipped}", style="yellow")
-    revision = back.revision
-    what = "the kept revision"
-    if revision is not None:
-        model = (revision.model or {}).get("revision", "")[:12]
-        image = revision.image_name or (revision.image_id or "")[:19]
-        model = f", model {model}" if model else ""
-        what = f"revision {revision.id} ({image}{model}, kept {revision.created})"
-    lines = [
-        Text(
-            f"rollback ({back.slot}): {what}: "
-            + ("serves again (model listed, completion answered)" if back.ok else "did not pass the gate"),
-            style="green" if back.ok else "red",
-        )
-    ]
-    for host, restored in back.restored.items():
-        lines.append(Text(f"  {host}: " + (", ".join(restored) if restored else "already in place")))
-    if not back.ok and back.stage is not None:
-        lines.extend(_failure_lines(back.stage))
-    if not back.restarted and back.ok:
-        lines.append(Text("  nothing restarted: the revision was in place and answering"))
-    return Group(*lines)
-
-
-def _failure_lines(stage: StageResult) -> list[Text]:
-    """What went wrong in a stage: ansible-playbook's own error, then each failed task."""
-    lines = [Text(f"{stage.name}: {stage.error}", style="red")] if stage.error else []
-    for failure in stage.failures:
-        what = "unreachable" if failure.unreachable else "failed"
-        lines.append(
-            Text(f"{failure.stage} · {failure.host} · {failure.task} {what}: {failure.message}", style="red")
-        )
-    return lines
-
-
-def _downtime(downtime: Downtime) -> RenderableType:
-    if not downtime.answered_before:
-        return Text("downtime: not measured (the service did not answer when the run began)")
-    after = "answers now" if downtime.answers_after else "does NOT answer now"
-    return Text(
-        f"downtime: {downtime.seconds:.0f} s without answers ({downtime.outages} outage(s), longest "
-        f"{downtime.longest:.0f} s, polled every {downtime.interval:g} s from here); the endpoint {after}",
-        style="" if downtime.answers_after else "red",
     )
 
 
@@ -372,7 +321,7 @@ def _details(
 ) -> RenderableType:
     lines: list[RenderableType] = []
     for stage in stages:
-        lines.extend(_failure_lines(stage))
+        lines.extend(failure_lines(stage))
         # why a whole deploy did not take the fast path (the fleet check's answer on each node out of sync)
         for why, hosts in _grouped(stage.not_in_sync).items():
             lines.append(Text(f"every stage ran because of {', '.join(hosts)}: {why}"))

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from gpufleet.runner.measured import Availability, Downtime, RollingStop
 from gpufleet.vllm_log import PlanFigures, VllmFacts, compare
 
 StageStatus = Literal["ok", "failed", "canceled", "timeout"]
@@ -80,18 +81,6 @@ class MonitoringEndpoints(_Frozen):
     targets_up: int = 0
 
 
-class Downtime(_Frozen):
-    """How long the endpoint did not answer while a change ran (polled from the control node)."""
-
-    seconds: float  # all outages together
-    longest: float
-    outages: int
-    answered_before: bool  # False: the service was not up when the run began (a first deploy)
-    answers_after: bool
-    probes: int
-    interval: float  # the figures are as fine as this
-
-
 class KeptRevision(_Frozen):
     """A revision a node keeps for rollback (the head's), as the playbook published it."""
 
@@ -134,6 +123,8 @@ class DeployReport(_Frozen):
     downtime: Downtime | None = None
     rollback: RollbackReport | None = None
     replicas: tuple[ReplicaReport, ...] = ()  # services: each replica as the serve stage left it
+    availability: Availability | None = None  # services: the load through the edge during the change
+    rolling: RollingStop | None = None  # services: where a rolling change stopped
 
     @property
     def changed(self) -> int:

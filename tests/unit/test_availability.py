@@ -1,0 +1,117 @@
+"""What clients saw during a change of services (gpufleet.runner.availability): the figures of a request
+series, and the load meter against a real HTTP server on loopback that fails requests for a while."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpufleet.runner.availability import LoadMeter, percentile, summarize
+from gpufleet.runner.change_lines import _availability
+
+
+def test_failures_are_timed_from_the_change_and_the_longest_gap_runs_between_answers() -> None:
+    records = [
+        (0.0, 0.1, 200),  # before the change (it began at 1.0)
+        (0.5, 0.6, 200),
+        (1.0, 1.2, 200),
+        (1.3, 1.4, 0),
+        (1.5, 1.6, 503),
+        (1.7, 4.2, 200),  # the next answer: 3.0 s after the one at 1.2
+        (4.3, 4.5, 200),
+    ]
+
+    seen = summarize(records, 1.0, 5.0, streams=2, models=["tiny"], answered_before=True)
+
+    assert (seen.requests, seen.failed, seen.failures) == (7, 2, ((0.3, 0), (0.5, 503)))
+    assert seen.longest_gap == 3.0
+    assert seen.p50_before_ms == 100.0 and seen.p99_before_ms == 100.0
+    assert seen.p50_during_ms == 200.0 and seen.p99_during_ms == 2500.0
+
+
+def test_a_service_that_stops_answering_to_the_end_counts_the_gap_to_the_end() -> None:
+    seen = summarize(
+        [(1.0, 1.1, 200), (2.0, 2.1, 0)], 1.0, 9.0, streams=1, models=["m"], answered_before=True
+    )
+
+    assert seen.longest_gap == 7.9 and seen.failed == 1
+
+
+def test_percentiles_are_nearest_rank() -> None:
+    values = [float(value) for value in range(1, 101)]
+
+    assert (percentile(values, 0.5), percentile(values, 0.99), percentile([], 0.5)) == (50.0, 99.0, None)
+
+
+class _Edge(http.server.BaseHTTPRequestHandler):
+    """An edge that answers chats with 200, or 503 while ``failing`` is set; it records each model asked."""
+
+    failing = threading.Event()
+    models: list[str] = []  # noqa: RUF012  (the server's shared record)
+    keys: set[str] = set()  # noqa: RUF012
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).models.append(body["model"])
+        type(self).keys.add(self.headers.get("Authorization", ""))
+        status = 503 if type(self).failing.is_set() else 200
+        data = b'{"choices": [{"message": {"content": "hi"}}]}'
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+@pytest.fixture
+def edge() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Edge)
+    _Edge.failing.clear()
+    _Edge.models.clear()
+    _Edge.keys.clear()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_meter_loads_every_service_with_the_key_and_counts_what_failed(edge: str, tmp_path: Path) -> None:
+    key = tmp_path / "gpufleet.apikey"
+    key.write_text("k" * 64 + "\n", encoding="utf-8")
+
+    with LoadMeter(edge, key, ["tiny", "tiny-chat"], streams=2, warmup=0.3, interval=0.02) as meter:
+        time.sleep(0.3)
+        _Edge.failing.set()
+        time.sleep(0.3)
+        _Edge.failing.clear()
+        time.sleep(0.3)
+    seen = meter.result()
+
+    assert seen.answered_before and seen.streams == 2 and seen.models == ("tiny", "tiny-chat")
+    assert seen.requests > 20 and 0 < seen.failed < seen.requests
+    assert {status for _at, status in seen.failures} == {503}
+    assert 0.25 <= seen.longest_gap < 1.0  # the 0.3 s without an answer
+    assert set(_Edge.models) == {"tiny", "tiny-chat"} and _Edge.keys == {"Bearer " + "k" * 64}
+    assert "failed" in str(_availability(seen))
+
+
+def test_a_service_that_does_not_answer_at_the_start_is_not_loaded(edge: str, tmp_path: Path) -> None:
+    """A first deploy: nothing serves yet, so nothing is sent after the first look."""
+    _Edge.failing.set()
+
+    with LoadMeter(edge, tmp_path / "missing.apikey", ["tiny"], warmup=0.2, interval=0.01) as meter:
+        time.sleep(0.3)
+    seen = meter.result()
+
+    assert not seen.answered_before and seen.streams == 0 and seen.requests == 0
+    assert len(_Edge.models) == 1
+    assert "not measured" in str(_availability(seen))
