@@ -1,8 +1,15 @@
-"""What a replica's crash costs a service behind the gateway (issue 36's first measurement), on the lab.
+"""What a replica's crash, and a rolling change, cost a service behind the gateway (issue 36), on the lab.
 
     make demo      # the lab "demo", left up: tiny as 3 replicas (one per host) behind the edge
     sudo .venv/bin/python benchmarks/availability.py [--name demo] [--streams 4] [--seconds 90] \
         [--kill-at 10] [--markdown benchmarks/results/availability.md]
+    sudo .venv/bin/python benchmarks/availability.py --rolling [--streams 4] [--markdown FILE]
+
+``--rolling``: a change of tiny's settings (``max_num_seqs``), then back, each a ``gpufleet.runner.deploy``
+of the serve stage: tiny's 3 replicas change one node at a time, each drained from its router, restarted,
+gated and put back, while deploy()'s own load (``load``: the streams) goes through the edge; reported: the
+deploy's time, requests sent and failed, the longest gap between answers and latency p50/p99 before and
+during, from the report's ``availability``.
 
 A steady, bounded load from this machine through the edge (``--streams`` concurrent streams of 4-token chats
 to ``tiny``, one after another on each stream) runs for ``--seconds``; at ``--kill-at`` the `vllm serve`
@@ -164,6 +171,63 @@ def run(name: str, streams: int, seconds: float, kill_at: float, edge_port: int)
     }
 
 
+def rolling(name: str, streams: int) -> dict[str, Any]:
+    """Two rolling changes of tiny's settings (there and back) through deploy(), each measured by its load."""
+    import shutil  # noqa: PLC0415
+
+    import yaml  # noqa: PLC0415
+
+    from gpufleet.runner import deploy  # noqa: PLC0415  (imports ansible)
+
+    inventory = lab_dir(name) / "inventory" / "services"
+    changed = inventory.parent / "services-rolling"
+    shutil.rmtree(changed, ignore_errors=True)
+    shutil.copytree(inventory, changed)
+    group_vars = changed / "group_vars" / "gpu_nodes.yml"
+    values = yaml.safe_load(group_vars.read_text(encoding="utf-8"))
+    tiny = next(service for service in values["gpufleet_services"] if service["name"] == "tiny")
+    tiny["serving"] = {**tiny.get("serving", {}), "max_num_seqs": 8}
+    values["gpufleet_api_key_file"] = str(inventory / "gpufleet.apikey")
+    group_vars.write_text(yaml.safe_dump(values, sort_keys=False), encoding="utf-8")
+    bundle = Path(__file__).resolve().parents[1] / "dist" / "lab-bundle"  # make demo's
+    runs = []
+    for label, where in (("max_num_seqs 8", changed), ("back", inventory)):
+        report = deploy(where, stages=["serve"], load=streams, bundle=bundle if bundle.is_dir() else None)
+        seen = report.availability
+        runs.append(
+            {
+                "change": label,
+                "ok": report.ok,
+                "seconds": report.seconds,
+                "availability": seen.model_dump() if seen is not None else None,
+            }
+        )
+    shutil.rmtree(changed, ignore_errors=True)
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "streams": streams, "runs": runs}
+
+
+def rolling_markdown(results: dict[str, Any]) -> str:
+    rows = "".join(
+        f"| {run['change']} | {run['seconds']:.0f} s | {a['requests']} / {a['failed']} |"
+        f" {a['longest_gap']} s |"
+        f" {a['p50_before_ms']}/{a['p99_before_ms']} ms | {a['p50_during_ms']}/{a['p99_during_ms']} ms |\n"
+        for run in results["runs"]
+        if (a := run["availability"]) is not None
+    )
+    return (
+        "\n## A rolling change of tiny's 3 replicas under load (lab, CPU, tiny model)\n\n"
+        f"{results['date']}, `benchmarks/availability.py --rolling` on the `make demo` lab: deploy() of the"
+        f" serve stage with its load ({results['streams']} streams of 4-token chats to both services through"
+        " the edge), a change of tiny's `max_num_seqs`, then back.\n\n"
+        "| change | deploy | requests / failed | longest gap | p50/p99 before | p50/p99 during |\n"
+        "| --- | --- | --- | --- | --- | --- |\n"
+        + rows
+        + "\nRaw:\n\n```json\n"
+        + json.dumps(results, indent=1)
+        + "\n```\n"
+    )
+
+
 def markdown(results: dict[str, Any]) -> str:
     failed = results["failures_s_after_kill_and_status"]
     return (
@@ -196,8 +260,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill-at", type=float, default=10)
     parser.add_argument("--edge-port", type=int, default=8000)
     parser.add_argument("--markdown", type=Path)
+    parser.add_argument("--rolling", action="store_true", help="a rolling change, there and back, measured")
     args = parser.parse_args(argv)
     streams, seconds = min(max(args.streams, 1), 16), min(max(args.seconds, 10), 600)
+    if args.rolling:
+        measured = rolling(args.name, streams)
+        print(json.dumps(measured, indent=1))
+        if args.markdown:
+            with args.markdown.open("a", encoding="utf-8") as handle:
+                handle.write(rolling_markdown(measured))
+        return 0 if all(run["ok"] for run in measured["runs"]) else 1
     results = run(args.name, streams, seconds, min(args.kill_at, seconds / 2), args.edge_port)
     print(json.dumps(results, indent=1))
     if args.markdown:

@@ -773,7 +773,8 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
     with fewer replicas and without tiny-chat stops and removes tiny-2, tiny-chat-0 and tiny-chat's router."""
     key = api_key_file(deployment.inventory)
     # the edge's port: the deployment's own instance keeps 8000 on the head
-    more = {"gpufleet_monitoring": True, "gateway_edge_port": EDGE_PORT}
+    # systemd starts an exited replica again after 3 s (15 by default): a killed one, or one that cannot start
+    more = {"gpufleet_monitoring": True, "gateway_edge_port": EDGE_PORT, "vllm_service_restart_sec": 3}
     inventory = services_inventory(deployment.inventory, tmp_path / "services", LAB_SERVICES, key, more)
     two = [{**LAB_SERVICES[0], "replicas": 2}, *LAB_SERVICES[1:]]  # tiny-0, tiny-1 (node1, node2)
     before_raise = services_inventory(deployment.inventory, tmp_path / "two", two, key, more)
@@ -888,7 +889,8 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
             deployment.inventory, tmp_path / "changed", [tiny8, *LAB_SERVICES[1:]], key, more
         )
         running = {i: main_pid(lab, placed[i][0].name, i) for i in placed}
-        rolled = deploy(changed, bundle=deployment.bundle, stages=["serve", "verify"])
+        # one stream: the lab's 3 hosts share 2 cores with every vLLM that starts
+        rolled = deploy(changed, bundle=deployment.bundle, stages=["serve", "verify"], load=1)
         assert rolled.ok, failures(rolled)
         loaded = rolled.availability
         assert loaded is not None and loaded.answered_before and loaded.requests >= 20, loaded
@@ -935,7 +937,7 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
             key,
             {**more, "vllm_service_extra_args": ["--gpufleet-lab-no-such-argument"]},
         )
-        stopped = deploy(broken, bundle=deployment.bundle, stages=["serve"])
+        stopped = deploy(broken, bundle=deployment.bundle, stages=["serve"], load=1)
         assert not stopped.ok and stopped.failed_stage == "serve", stopped
         assert stopped.rolling is not None and (stopped.rolling.replica, stopped.rolling.restored) == (
             "tiny-0",
@@ -955,7 +957,7 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
 
         # A replica killed under load (issue 36's failover): the router's health check takes tiny-2 out, no
         # request fails, systemd starts it again and it serves routed requests again
-        with LoadMeter(edge, key, ["tiny"], streams=2, warmup=2.0) as meter:
+        with LoadMeter(edge, key, ["tiny"], streams=1, warmup=2.0) as meter:
             victim = ["pkill", "-KILL", "-f", "serve --config /etc/gpufleet/instances/tiny-2/"]
             killed = lab.ssh(placed["tiny-2"][0].name, victim)
             assert killed.returncode == 0, killed.stderr

@@ -27,7 +27,7 @@ from gpufleet.runner.measured import Availability
 
 STREAMS = 2
 WARMUP = 3.0
-INTERVAL = 0.25
+INTERVAL = 0.5
 TIMEOUT = 120.0
 MAX_REQUESTS = 20000
 
