@@ -145,8 +145,8 @@ class LookupModule(LookupBase):  # type: ignore[misc]
                 )
         # each replica's router: its service's, on the port the gateway's list gives that service
         ports = {router["name"]: router["port"] for router in self._gateway(replicas)}
-        for replica in replicas:
-            replica["router_port"] = ports[replica["service"]]
+        for entry in replicas:
+            entry["router_port"] = ports[entry["service"]]
         if what == "replicas":
             return replicas
         if what == "models":
