@@ -4,7 +4,25 @@ requests sent on the head through a service's router, and what each replica's vL
 from __future__ import annotations
 
 import json
+import logging
+import time
 from typing import Any
+
+LOG = logging.getLogger("gpufleet.tests.services")
+
+
+class Laps:
+    """How long each step of a long lab test took, logged as it ends (``pytest --log-cli-level=INFO`` shows
+    it live; a failed test shows it with its captured log): where the suite's minutes go (issue 33)."""
+
+    def __init__(self) -> None:
+        self._last = time.monotonic()
+
+    def lap(self, step: str) -> None:
+        now = time.monotonic()
+        LOG.info("%s: %.0f s", step, now - self._last)
+        self._last = now
+
 
 # On the head (python3 - on stdin): N chat completions through a router on loopback, one after another; the
 # key comes on stdin (never in an argv or a log). Prints the HTTP statuses.
@@ -70,3 +88,29 @@ def router_workers(lab: Any, port: int) -> list[str]:
     assert done.returncode == 0, done.stderr
     workers: list[str] = json.loads(done.stdout)["urls"]
     return sorted(workers)
+
+
+# On the head: what a service's vllm-router counted of requests that failed on a worker (its Prometheus
+# endpoint on loopback, the port its configuration names): retries, and failures per worker.
+ROUTER_FAILURES_ON_HEAD = r"""
+import json, re, sys, urllib.request
+service = sys.argv[1]
+port = json.load(open(f"/etc/gpufleet/gateway/{service}.json"))["service"]["metrics_port"]
+text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+def total(pattern):
+    return int(sum(float(value) for value in re.findall(pattern, text, re.M)))
+print(json.dumps({
+    "retries": total(r"^vllm_router_retries_total\{[^}]*\} ([0-9.e+]+)$"),
+    "failures": total(r'^vllm_router_cb_outcomes_total\{[^}]*outcome="failure"[^}]*\} ([0-9.e+]+)$'),
+}))
+"""
+
+
+def router_failures(lab: Any, service: str) -> dict[str, int]:
+    """How many requests a service's router retried, and how many failed on one of its workers, so far: a
+    drained replica gets none while it restarts, so a rolling change adds none."""
+    head = lab.inventory.hosts[0]
+    done = lab.lab.ssh(head.name, ["python3", "-c", ROUTER_FAILURES_ON_HEAD, service], timeout=60)
+    assert done.returncode == 0, done.stderr
+    counted: dict[str, int] = json.loads(done.stdout)
+    return counted

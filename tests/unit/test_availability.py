@@ -12,8 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from gpufleet.runner import DeployError, deploy, rollback
 from gpufleet.runner.availability import LoadMeter, percentile, summarize
 from gpufleet.runner.change_lines import _availability
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_failures_are_timed_from_the_change_and_the_longest_gap_runs_between_answers() -> None:
@@ -115,3 +118,19 @@ def test_a_service_that_does_not_answer_at_the_start_is_not_loaded(edge: str, tm
     assert not seen.answered_before and seen.streams == 0 and seen.requests == 0
     assert len(_Edge.models) == 1
     assert "not measured" in str(_availability(seen))
+
+
+@pytest.mark.parametrize(("streams", "interval"), [(1, 0.0), (2, -1.0), (-1, 0.5)])
+def test_a_load_without_a_pause_is_refused_before_anything_runs(
+    streams: int, interval: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ran: list[object] = []
+    monkeypatch.setattr("gpufleet.runner.api.run_stages", lambda *args: ran.append(args) or ([], {}))
+    for call in (deploy, rollback):
+        with pytest.raises(DeployError) as refused:
+            call(REPO / "inventories" / "prod", load=streams, load_interval=interval)
+        message = str(refused.value)
+        where = f"deploy()/rollback(): load={streams}, load_interval={interval}: found"
+        assert message.startswith(where), message
+        assert "Fix: pass load_interval=0.5" in message
+    assert ran == []  # nothing ran on any host

@@ -23,7 +23,7 @@ from gpufleet.fleet.services import not_deployable
 from gpufleet.problems import InventoryError
 from gpufleet.runner.adhoc import acquire, clean_hosts, head_marker
 from gpufleet.runner.arguments import RunSpec, run_stages
-from gpufleet.runner.availability import STREAMS, LoadMeter
+from gpufleet.runner.availability import INTERVAL, STREAMS, LoadMeter
 from gpufleet.runner.downtime import DowntimeMeter
 from gpufleet.runner.events import ProgressSink
 from gpufleet.runner.facts import PublishedFacts
@@ -56,15 +56,18 @@ def deploy(
     env_passthrough: Sequence[str] = (),
     rollback: bool = True,
     load: int = STREAMS,
+    load_interval: float = INTERVAL,
 ) -> DeployReport:
     """Run the stages (all by default, always in :data:`STAGES` order) and report.
 
     A change to a serving fleet is measured (the endpoint polled from here: ``report.downtime``; for
-    services, ``load`` concurrent streams of short chats through the gateway's edge:
-    ``report.availability``, 0 = none) and gated: when a stage of :data:`ROLLBACK_AFTER` fails and
-    ``rollback`` is true, every node's last healthy revision is restored and has to pass the gate again
-    (``report.rollback``); the report stays not ok. A rolling change of services that stopped at a replica
-    has restored that replica already (``report.rolling``): nothing else is rolled back then.
+    services, ``load`` concurrent streams of short chats through the gateway's edge, each at most one request
+    per ``load_interval`` seconds: ``report.availability``, 0 = none) and gated: when a stage of
+    :data:`ROLLBACK_AFTER` fails and ``rollback`` is true, every node's last healthy revision is restored and
+    has to pass the gate again (``report.rollback``); the report stays not ok. A rolling change of services
+    that stopped at a replica has restored that replica already (``report.rolling``): nothing else is rolled
+    back then. A CPU-bound fleet (the lab) is slowed by a dense load: vLLM's CPU workers busy-poll for a
+    second after each step; pace it with ``load_interval`` there.
 
     ``inventory`` is the inventory's path, or the :class:`~gpufleet.fleet.Fleet` that
     :func:`gpufleet.fleet.load` read from it (the CLI reads it once for its plan and for the run).
@@ -74,6 +77,7 @@ def deploy(
     """
     # One reading and one validation of the inventory for the whole run: the stages, the checks, the endpoint;
     # the extra variables over it, as Ansible lays them (checked too, whichever stages run).
+    _check_load(load, load_interval)
     fleet = _fleet(inventory).with_extra_vars(extra_vars)
     steps = deploy_plan(fleet.raw, stages=stages, extra_vars=extra_vars, bundle=bundle, limit=limit)
     options = RunOptions.checked(
@@ -98,7 +102,7 @@ def deploy(
     with (
         _one_run(fleet.path, action),
         _downtime_meter(measured) as meter,
-        _load_meter(fleet, load if gated else 0) as loaded,
+        _load_meter(fleet, load if gated else 0, load_interval) as loaded,
     ):
         marker = head_marker(specs, action, fleet.control)
         warnings = acquire(marker)
@@ -141,10 +145,12 @@ def rollback(
     timeout: int | None = None,
     cancel: Callable[[], bool] | None = None,
     load: int = STREAMS,
+    load_interval: float = INTERVAL,
 ) -> DeployReport:
     """Restore every node's ``previous`` revision (or ``current``: the last healthy one, after a change that
     failed outside deploy()), restart what changed and pass the health gate again (playbooks/rollback.yml).
-    Measured as deploy() measures a change (``load``: services' streams through the edge)."""
+    Measured as deploy() measures a change (``load``, ``load_interval``: services' load through the edge)."""
+    _check_load(load, load_interval)
     fleet = _fleet(inventory)
     options = RunOptions.checked(fleet.path, project_dir=project_dir, timeout=timeout)
     first = spec(Step("rollback"), options)
@@ -153,7 +159,7 @@ def rollback(
     with (
         _one_run(fleet.path, "rollback"),
         _downtime_meter(measured) as meter,
-        _load_meter(fleet, load) as loaded,
+        _load_meter(fleet, load, load_interval) as loaded,
     ):
         marker = head_marker([first], "rollback", fleet.control)
         warnings = acquire(marker)
@@ -325,15 +331,15 @@ def _downtime_meter(target: Endpoint | None) -> Iterator[DowntimeMeter | None]:
 
 
 @contextlib.contextmanager
-def _load_meter(fleet: Fleet, streams: int) -> Iterator[LoadMeter | None]:
-    """Services: ``streams`` streams of short chats to every service through the edge while the block runs;
-    None: not measured (one model, no edge, or no streams)."""
+def _load_meter(fleet: Fleet, streams: int, interval: float) -> Iterator[LoadMeter | None]:
+    """Services: ``streams`` streams of short chats (each at most one per ``interval`` seconds) to every
+    service through the edge while the block runs; None: not measured (one model, no edge, or no streams)."""
     edge = fleet.edge
     if streams <= 0 or edge is None or fleet.spec is None:
         yield None
         return
     models = [service.serving.served_model_name or service.name for service in fleet.spec.services]
-    with LoadMeter(edge.url, edge.key_file, models, streams=streams) as meter:
+    with LoadMeter(edge.url, edge.key_file, models, streams=streams, interval=interval) as meter:
         yield meter
 
 
@@ -363,4 +369,14 @@ def _check_limit(fleet: Fleet, limit: str | None) -> None:
             f"command line: --limit: found {', '.join(unmatched)}, which selects no host of {fleet.path}; "
             f"expected host names, groups or patterns of the inventory (hosts: {hosts}). "
             "Fix: correct the pattern (a typo?), or leave --limit out to run on every host"
+        )
+
+
+def _check_load(streams: int, interval: float) -> None:
+    """The load's streams and pace, before anything runs: a stream without a pause would flood the edge."""
+    if streams < 0 or (streams > 0 and not interval > 0):
+        raise DeployError(
+            f"deploy()/rollback(): load={streams}, load_interval={interval}: found a negative number of "
+            "streams or a pause of 0 or less; expected load >= 0 (0: no load) and load_interval > 0 seconds. "
+            f"Fix: pass load_interval={INTERVAL} (the default) or more, or load=0"
         )
