@@ -3,13 +3,15 @@
     make demo      # the lab "demo", left up: tiny as 3 replicas (one per host) behind the edge
     sudo .venv/bin/python benchmarks/availability.py [--name demo] [--streams 4] [--seconds 90] \
         [--kill-at 10] [--markdown benchmarks/results/availability.md]
-    sudo .venv/bin/python benchmarks/availability.py --rolling [--streams 4] [--markdown FILE]
+    sudo .venv/bin/python benchmarks/availability.py --rolling [--streams 4] [--interval 0.5] \
+        [--markdown FILE]
 
 ``--rolling``: a change of tiny's settings (``max_num_seqs``), then back, each a ``gpufleet.runner.deploy``
 of the serve stage: tiny's 3 replicas change one node at a time, each drained from its router, restarted,
-gated and put back, while deploy()'s own load (``load``: the streams) goes through the edge; reported: the
-deploy's time, requests sent and failed, the longest gap between answers and latency p50/p99 before and
-during, from the report's ``availability``.
+gated and put back, while deploy()'s own load (``load``: the streams, 0 for none; ``load_interval``: at most
+one request per ``--interval`` seconds on each) goes through the edge; reported: the deploy's time,
+requests sent and failed, the longest gap between answers and latency p50/p99 before and during, from the
+report's ``availability``.
 
 A steady, bounded load from this machine through the edge (``--streams`` concurrent streams of 4-token chats
 to ``tiny``, one after another on each stream) runs for ``--seconds``; at ``--kill-at`` the `vllm serve`
@@ -171,7 +173,7 @@ def run(name: str, streams: int, seconds: float, kill_at: float, edge_port: int)
     }
 
 
-def rolling(name: str, streams: int) -> dict[str, Any]:
+def rolling(name: str, streams: int, interval: float) -> dict[str, Any]:
     """Two rolling changes of tiny's settings (there and back) through deploy(), each measured by its load."""
     import shutil  # noqa: PLC0415
 
@@ -192,7 +194,13 @@ def rolling(name: str, streams: int) -> dict[str, Any]:
     bundle = Path(__file__).resolve().parents[1] / "dist" / "lab-bundle"  # make demo's
     runs = []
     for label, where in (("max_num_seqs 8", changed), ("back", inventory)):
-        report = deploy(where, stages=["serve"], load=streams, bundle=bundle if bundle.is_dir() else None)
+        report = deploy(
+            where,
+            stages=["serve"],
+            load=streams,
+            load_interval=interval,
+            bundle=bundle if bundle.is_dir() else None,
+        )
         seen = report.availability
         runs.append(
             {
@@ -203,7 +211,8 @@ def rolling(name: str, streams: int) -> dict[str, Any]:
             }
         )
     shutil.rmtree(changed, ignore_errors=True)
-    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "streams": streams, "runs": runs}
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return {"date": when, "streams": streams, "interval": interval, "runs": runs}
 
 
 def rolling_markdown(results: dict[str, Any]) -> str:
@@ -218,7 +227,8 @@ def rolling_markdown(results: dict[str, Any]) -> str:
         "\n## A rolling change of tiny's 3 replicas under load (lab, CPU, tiny model)\n\n"
         f"{results['date']}, `benchmarks/availability.py --rolling` on the `make demo` lab: deploy() of the"
         f" serve stage with its load ({results['streams']} streams of 4-token chats to both services through"
-        " the edge), a change of tiny's `max_num_seqs`, then back.\n\n"
+        f" the edge, each at most one request per {results.get('interval', 0.5)} s), a change of tiny's"
+        " `max_num_seqs`, then back.\n\n"
         "| change | deploy | requests / failed | longest gap | p50/p99 before | p50/p99 during |\n"
         "| --- | --- | --- | --- | --- | --- |\n"
         + rows
@@ -261,10 +271,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--edge-port", type=int, default=8000)
     parser.add_argument("--markdown", type=Path)
     parser.add_argument("--rolling", action="store_true", help="a rolling change, there and back, measured")
+    parser.add_argument("--interval", type=float, default=0.5, help="--rolling: pace of a stream (s)")
     args = parser.parse_args(argv)
     streams, seconds = min(max(args.streams, 1), 16), min(max(args.seconds, 10), 600)
     if args.rolling:
-        measured = rolling(args.name, streams)
+        # --streams 0: the same change without a load, to see what the load itself costs
+        measured = rolling(args.name, min(max(args.streams, 0), 16), min(max(args.interval, 0.1), 60.0))
         print(json.dumps(measured, indent=1))
         if args.markdown:
             with args.markdown.open("a", encoding="utf-8") as handle:
