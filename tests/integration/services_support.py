@@ -18,9 +18,11 @@ class Laps:
     def __init__(self) -> None:
         self._last = time.monotonic()
 
-    def lap(self, step: str) -> None:
+    def lap(self, step: str, report: Any = None) -> None:
+        """Log the time since the last lap; with a deploy() report, each of its stages' seconds too."""
         now = time.monotonic()
-        LOG.info("%s: %.0f s", step, now - self._last)
+        stages = ", ".join(f"{s.name} {s.seconds:.0f} s" for s in report.stages) if report is not None else ""
+        LOG.info("%s: %.0f s%s", step, now - self._last, f" ({stages})" if stages else "")
         self._last = now
 
 

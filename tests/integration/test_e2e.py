@@ -793,7 +793,7 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
     try:
         started = deploy(before_raise, bundle=deployment.bundle, stages=["serve"])
         assert started.ok, failures(started)
-        laps.lap("serve tiny x2 and tiny-chat")
+        laps.lap("serve tiny x2 and tiny-chat", started)
         assert sorted(r.id for r in started.replicas) == sorted(kept)
         pids = {instance: main_pid(lab, placed[instance][0].name, instance) for instance in kept}
         router = lab.ssh(head.name, chat_router).stdout
@@ -801,7 +801,7 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
 
         report = deploy(inventory, bundle=deployment.bundle)  # a whole deploy: it records the fleet stamp
         assert report.ok, failures(report)
-        laps.lap("whole deploy, tiny raised to 3")
+        laps.lap("whole deploy, tiny raised to 3", report)
         (serve,) = [stage for stage in report.stages if stage.name == "serve"]
         raised = {h.host: h.changed for h in serve.hosts}  # the new replica's node, tiny's router's
         assert raised[hosts[1].name] == 0 and raised[hosts[2].name] > 0 and raised[head.name] > 0, raised
@@ -885,7 +885,7 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
         current = {i: replica_revision(lab, placed[i][0].name, i, "current") for i in placed}
         assert all(kept is not None for kept in current.values()), current
         assert len({kept["fleet"] for kept in current.values() if kept is not None}) == 1, current
-        laps.lap("the same deploy again (fast path)")
+        laps.lap("the same deploy again (fast path)", again)
         refused = rollback(inventory)
         assert not refused.ok and refused.failures, refused
         assert "none for tiny-0, tiny-1, tiny-2, tiny-chat-0" in refused.failures[0].message, refused.failures
@@ -906,7 +906,7 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
         paced = {"load": 1, "load_interval": LAB_LOAD_INTERVAL}
         rolled = deploy(changed, bundle=deployment.bundle, stages=["serve", "verify"], **paced)
         assert rolled.ok, failures(rolled)
-        laps.lap("a rolling change of tiny's 3 replicas under load")
+        laps.lap("a rolling change of tiny's 3 replicas under load", rolled)
         loaded = rolled.availability
         assert loaded is not None and loaded.answered_before and loaded.requests >= 20, loaded
         assert loaded.failed == 0, loaded
@@ -956,7 +956,7 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
         )
         retried = router_failures(lab, "tiny")
         stopped = deploy(broken, bundle=deployment.bundle, stages=["serve"], **paced)
-        laps.lap("a change vLLM cannot start, stopped at tiny-0 and restored")
+        laps.lap("a change vLLM cannot start, stopped at tiny-0 and restored", stopped)
         assert not stopped.ok and stopped.failed_stage == "serve", stopped
         assert stopped.rolling is not None and (stopped.rolling.replica, stopped.rolling.restored) == (
             "tiny-0",
@@ -1023,7 +1023,7 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
             stages=["serve"],
         )
         assert lowered.ok, failures(lowered)
-        laps.lap("status of a stopped replica; fewer replicas and tiny-chat removed")
+        laps.lap("status of a stopped replica; fewer replicas and tiny-chat removed", lowered)
         assert lab.ssh(head.name, tiny_router_pid).stdout == tiny_router
         assert router_workers(lab, ROUTER_PORT) == sorted(urls[f"tiny-{index}"] for index in range(2))
         for instance in ("tiny-2", "tiny-chat-0"):
