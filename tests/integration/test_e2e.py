@@ -753,7 +753,7 @@ LAB_SERVICES = DEMO_SERVICES  # make demo's: tiny as 3 replicas (one per host), 
 # The load of the availability checks: one stream, at most one request per 2 s. On the lab's 2 cores a denser
 # load slows what it measures: vLLM's CPU workers busy-poll for 1 s after every step they run (shm_broadcast's
 # SpinCondition), so at deploy()'s default pace (0.5 s) tiny's 3 workers took a core between them and a
-# replica started in 86 s instead of 26 s (35 s at 2 s; benchmarks/results/availability.md).
+# replica started in 86 s instead of 21-25 s (35 s at 2 s; benchmarks/results/availability.md).
 LAB_LOAD_INTERVAL = 2.0
 
 
