@@ -5,13 +5,14 @@
         [--kill-at 10] [--markdown benchmarks/results/availability.md]
     sudo .venv/bin/python benchmarks/availability.py --rolling [--streams 4] [--interval 0.5] \
         [--markdown FILE]
+    sudo .venv/bin/python benchmarks/availability.py --lost-host [--streams 1] [--seconds 90]
 
-``--rolling``: a change of tiny's settings (``max_num_seqs``), then back, each a ``gpufleet.runner.deploy``
-of the serve stage: tiny's 3 replicas change one node at a time, each drained from its router, restarted,
-gated and put back, while deploy()'s own load (``load``: the streams, 0 for none; ``load_interval``: at most
-one request per ``--interval`` seconds on each) goes through the edge; reported: the deploy's time,
-requests sent and failed, the longest gap between answers and latency p50/p99 before and during, from the
-report's ``availability``.
+``--rolling``: a change of tiny's settings (``max_num_seqs``), a ``gpufleet.runner.deploy`` of the serve and
+verify stages, then back with ``gpufleet.runner.rollback``: tiny's 3 replicas change (and go back) one node
+at a time, each drained from its router, restarted, gated and put back, while the run's own load (``load``:
+the streams, 0 for none; ``load_interval``: at most one request per ``--interval`` seconds on each) goes
+through the edge; reported: the run's time, requests sent and failed, the longest gap between answers and
+latency p50/p99 before and during, from the report's ``availability``.
 
 A steady, bounded load from this machine through the edge (``--streams`` concurrent streams of 4-token chats
 to ``tiny``, one after another on each stream) runs for ``--seconds``; at ``--kill-at`` the `vllm serve`
@@ -21,6 +22,10 @@ process tree of tiny's replica off the head (tiny-1) gets SIGKILL. systemd resta
 Reported: requests sent and failed (each failure's time after the kill), the longest gap between two answers,
 latency p50/p99 before and after the kill, when the killed replica listed its model again (asked from the
 head, its gateway host) and when it served a request again (its own ``vllm:request_success_total``).
+``--lost-host``: the same load, but at ``--kill-at`` the victim's whole node loses power (``Lab.power_off``:
+every process killed, its address gone); after the load it boots again and the next whole deploy (paced, one
+stream at one request per 2 s) restores it: its time and each replica's served count after it are reported
+(printed as JSON; ``--markdown`` writes the kill's table only).
 Loopback and the lab's addresses only; every run is bounded in time and requests.
 """
 
@@ -103,7 +108,9 @@ def counters(lab: Lab, head: str, urls: dict[str, str]) -> dict[str, int]:
     return dict(json.loads(done.stdout)) if done.returncode == 0 else {name: -1 for name in urls}
 
 
-def run(name: str, streams: int, seconds: float, kill_at: float, edge_port: int) -> dict[str, Any]:
+def run(  # noqa: PLR0915  (one measured scenario, its steps in order)
+    name: str, streams: int, seconds: float, kill_at: float, edge_port: int, *, lost_host: bool = False
+) -> dict[str, Any]:
     from gpufleet.fleet import load_fleet  # noqa: PLC0415  (imports ansible)
     from gpufleet.fleet.services import place_fleet  # noqa: PLC0415
 
@@ -124,6 +131,10 @@ def run(name: str, streams: int, seconds: float, kill_at: float, edge_port: int)
     def kill() -> None:
         time.sleep(kill_at)
         found["killed_at"] = kill_at
+        if lost_host:  # the whole node, as a machine losing power: its address stops answering
+            lab.power_off(victim.node)
+            found["kill_rc"] = 0
+            return
         pattern = f"serve --config /etc/gpufleet/instances/{victim.id}/"
         found["kill_rc"] = lab.ssh(victim.node, ["pkill", "-KILL", "-f", pattern], timeout=30).returncode
         killed = time.monotonic()
@@ -143,6 +154,15 @@ def run(name: str, streams: int, seconds: float, kill_at: float, edge_port: int)
     requests = load(edge, key, streams, seconds)
     killer.join()
     after = counters(lab, head, urls)
+    if lost_host:  # back: the node boots from its disk, then the next whole deploy (paced) restores it
+        lab.power_on(victim.node)
+        from gpufleet.runner import deploy  # noqa: PLC0415  (imports ansible)
+
+        bundle = Path(__file__).resolve().parents[1] / "dist" / "lab-bundle"  # make demo's
+        restored = deploy(inventory, bundle=bundle if bundle.is_dir() else None, load=1, load_interval=2.0)
+        found["lost_host"] = victim.node
+        found["next_deploy"] = {"ok": restored.ok, "seconds": restored.seconds}
+        found["after_deploy"] = counters(lab, head, urls)
     failed = [(round(start - kill_at, 2), status) for start, _, status in requests if status != 200]
     answers = sorted(end for _, end, status in requests if status == 200)
     gaps = [b - a for a, b in itertools.pairwise(answers)]
@@ -162,6 +182,7 @@ def run(name: str, streams: int, seconds: float, kill_at: float, edge_port: int)
         "streams": streams,
         "seconds": seconds,
         "victim": {"id": victim.id, "node": victim.node},
+        "what": "the node powered off" if lost_host else "SIGKILL to the replica's vllm serve",
         "requests": len(requests),
         "failed": len(failed),
         "failures_s_after_kill_and_status": failed[:50],
@@ -174,12 +195,13 @@ def run(name: str, streams: int, seconds: float, kill_at: float, edge_port: int)
 
 
 def rolling(name: str, streams: int, interval: float) -> dict[str, Any]:
-    """Two rolling changes of tiny's settings (there and back) through deploy(), each measured by its load."""
+    """A rolling change of tiny's settings through deploy(), then `gpufleet rollback` of it (rollback()),
+    each measured by its load."""
     import shutil  # noqa: PLC0415
 
     import yaml  # noqa: PLC0415
 
-    from gpufleet.runner import deploy  # noqa: PLC0415  (imports ansible)
+    from gpufleet.runner import deploy, rollback  # noqa: PLC0415  (imports ansible)
 
     inventory = lab_dir(name) / "inventory" / "services"
     changed = inventory.parent / "services-rolling"
@@ -193,14 +215,17 @@ def rolling(name: str, streams: int, interval: float) -> dict[str, Any]:
     group_vars.write_text(yaml.safe_dump(values, sort_keys=False), encoding="utf-8")
     bundle = Path(__file__).resolve().parents[1] / "dist" / "lab-bundle"  # make demo's
     runs = []
-    for label, where in (("max_num_seqs 8", changed), ("back", inventory)):
-        report = deploy(
-            where,
-            stages=["serve"],
-            load=streams,
-            load_interval=interval,
-            bundle=bundle if bundle.is_dir() else None,
-        )
+    for label in ("max_num_seqs 8", "gpufleet rollback"):
+        if label == "gpufleet rollback":  # back to the revision verify recorded before the change
+            report = rollback(changed, load=streams, load_interval=interval)
+        else:
+            report = deploy(
+                changed,
+                stages=["serve", "verify"],  # verify records the revision the rollback goes back from
+                load=streams,
+                load_interval=interval,
+                bundle=bundle if bundle.is_dir() else None,
+            )
         seen = report.availability
         runs.append(
             {
@@ -228,7 +253,7 @@ def rolling_markdown(results: dict[str, Any]) -> str:
         f"{results['date']}, `benchmarks/availability.py --rolling` on the `make demo` lab: deploy() of the"
         f" serve stage with its load ({results['streams']} streams of 4-token chats to both services through"
         f" the edge, each at most one request per {results.get('interval', 0.5)} s), a change of tiny's"
-        " `max_num_seqs`, then back.\n\n"
+        " `max_num_seqs` (serve and verify), then `gpufleet rollback` of it (rollback()).\n\n"
         "| change | deploy | requests / failed | longest gap | p50/p99 before | p50/p99 during |\n"
         "| --- | --- | --- | --- | --- | --- |\n"
         + rows
@@ -272,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path)
     parser.add_argument("--rolling", action="store_true", help="a rolling change, there and back, measured")
     parser.add_argument("--interval", type=float, default=0.5, help="--rolling: pace of a stream (s)")
+    parser.add_argument(
+        "--lost-host", action="store_true", help="power the victim's node off instead of killing its vLLM"
+    )
     args = parser.parse_args(argv)
     streams, seconds = min(max(args.streams, 1), 16), min(max(args.seconds, 10), 600)
     if args.rolling:
@@ -282,9 +310,11 @@ def main(argv: list[str] | None = None) -> int:
             with args.markdown.open("a", encoding="utf-8") as handle:
                 handle.write(rolling_markdown(measured))
         return 0 if all(run["ok"] for run in measured["runs"]) else 1
-    results = run(args.name, streams, seconds, min(args.kill_at, seconds / 2), args.edge_port)
+    results = run(
+        args.name, streams, seconds, min(args.kill_at, seconds / 2), args.edge_port, lost_host=args.lost_host
+    )
     print(json.dumps(results, indent=1))
-    if args.markdown:
+    if args.markdown and not args.lost_host:
         args.markdown.write_text(markdown(results), encoding="utf-8")
     return 0 if results["kill_rc"] == 0 else 1
 

@@ -295,7 +295,9 @@ def check_executor(executor: str, image: ImageFacts, start_ray: object = "auto")
     ``start_ray`` is ray_cluster_start_ray (auto, or a boolean): with false, ray_cluster keeps idle
     containers, so ``auto`` means mp and ``ray`` cannot work.
     """
-    no_ray_started = str(start_ray).strip().lower() in ("false", "no", "0", "off")
+    from gpufleet.fleet.role_values import ansible_bool  # noqa: PLC0415  (imports ansible; fleet imports this)
+
+    no_ray_started = not ansible_bool(start_ray, default=True)  # as the ray_cluster role reads it
     if executor == "ray" and no_ray_started:
         return executor, [
             Finding(

@@ -790,8 +790,11 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
     chat_router = ["systemctl", "show", "-P", "MainPID", "gpufleet-router@tiny-chat.service"]
     tiny_router_pid = ["systemctl", "show", "-P", "MainPID", "gpufleet-router@tiny.service"]
     laps = Laps()
+    # every deploy's own load through the edge at the lab's pace (deploy()'s default, 2 streams each a request
+    # per 0.5 s, kept every vLLM worker spinning: the replica raised to 3 took 169 s to serve instead of ~60)
+    paced = {"load": 1, "load_interval": LAB_LOAD_INTERVAL}
     try:
-        started = deploy(before_raise, bundle=deployment.bundle, stages=["serve"])
+        started = deploy(before_raise, bundle=deployment.bundle, stages=["serve"], **paced)
         assert started.ok, failures(started)
         laps.lap("serve tiny x2 and tiny-chat", started)
         assert sorted(r.id for r in started.replicas) == sorted(kept)
@@ -799,7 +802,7 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
         router = lab.ssh(head.name, chat_router).stdout
         tiny_router = lab.ssh(head.name, tiny_router_pid).stdout
 
-        report = deploy(inventory, bundle=deployment.bundle)  # a whole deploy: it records the fleet stamp
+        report = deploy(inventory, bundle=deployment.bundle, **paced)  # whole: it records the fleet stamp
         assert report.ok, failures(report)
         laps.lap("whole deploy, tiny raised to 3", report)
         (serve,) = [stage for stage in report.stages if stage.name == "serve"]
@@ -871,7 +874,7 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
                 socket.create_connection((host.ip, port), timeout=5).close()
 
         laps.lap("requests, edge, status, Prometheus")
-        again = deploy(inventory, bundle=deployment.bundle)  # the fast path: each node in sync, verify runs
+        again = deploy(inventory, bundle=deployment.bundle, **paced)  # fast path: nodes in sync, verify runs
         assert again.ok and again.changed == 0, failures(again) or [
             (s.name, h.host, h.changed) for s in again.stages for h in s.hosts
         ]
@@ -903,7 +906,6 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
         # drained first, no replica got a request while it restarted: tiny's router retried nothing (a request
         # that failed on a restarting worker is retried on another, so the load alone would not show it)
         retried = router_failures(lab, "tiny")
-        paced = {"load": 1, "load_interval": LAB_LOAD_INTERVAL}
         rolled = deploy(changed, bundle=deployment.bundle, stages=["serve", "verify"], **paced)
         assert rolled.ok, failures(rolled)
         laps.lap("a rolling change of tiny's 3 replicas under load", rolled)
@@ -924,11 +926,16 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
         assert {i: (r or {}).get("id") for i, r in after_change.items()} == {
             i: (r or {}).get("id") for i, r in current.items()
         }, after_change
-        # `gpufleet rollback` puts the one before back: tiny's replicas restart with their old files,
-        # tiny-chat-0 does not, and each replica records the restored revision as current
-        back = rollback(changed, load=0)
+        # `gpufleet rollback` puts the one before back, rolling as the change did: tiny's replicas restart
+        # with their old files one node at a time, each drained first (no request fails, the router retried
+        # none), tiny-chat-0 does not restart, and each replica records the restored revision as current
+        retried = router_failures(lab, "tiny")
+        back = rollback(changed, **paced)
         assert back.ok and back.rollback is not None and back.rollback.restarted, failures(back)
-        laps.lap("gpufleet rollback of it")
+        laps.lap("gpufleet rollback of it, rolling under load")
+        assert back.availability is not None and back.availability.answered_before, back.availability
+        assert back.availability.requests >= 20 and back.availability.failed == 0, back.availability
+        assert router_failures(lab, "tiny") == retried
         assert (
             back.rollback.revision is not None and back.rollback.revision.fleet == current["tiny-0"]["fleet"]
         )
@@ -1021,6 +1028,7 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
             services_inventory(deployment.inventory, tmp_path / "fewer", fewer, key, more),
             bundle=deployment.bundle,
             stages=["serve"],
+            **paced,
         )
         assert lowered.ok, failures(lowered)
         laps.lap("status of a stopped replica; fewer replicas and tiny-chat removed", lowered)
@@ -1498,3 +1506,60 @@ def test_an_image_without_ray_serves_with_the_mp_executor_and_ray_is_refused(
     code, body = chat(f"http://{head.ip}:8000/v1", deployment.key, "tiny")
     assert code == 200 and body["choices"][0]["message"]["content"], body
     assert chat(f"http://{head.ip}:8000/v1", None, "tiny")[0] == 401
+
+
+# heavy (`make test-all`): two whole deploys of the services on the lab (~10 min) for a lost machine; `make
+# test` keeps the replica killed under load (the services test above). Last in the module: it powers a host
+# off and on, and the module's teardown resets the lab.
+@pytest.mark.heavy
+def test_a_host_lost_under_load_leaves_its_service_degraded_and_the_next_deploy_restores_it(
+    lab: RunningLab, deployment: Deployment, tmp_path: Path
+) -> None:
+    """Issue 36's lost node: with tiny's 3 replicas and tiny-chat served, node3 (tiny-2) loses power under a
+    steady load through the edge (every process killed, its address gone: connections to it time out): at most
+    the request in flight then fails and none after the router's detection; `status` names tiny-2 unreachable
+    and says tiny is degraded, tiny-chat up; node3 boots again from its disk and the next whole deploy passes
+    with tiny's router holding all 3 replicas, and tiny-2 serves routed requests again."""
+    key = api_key_file(deployment.inventory)
+    more = {"gpufleet_monitoring": True, "gateway_edge_port": EDGE_PORT, "vllm_service_restart_sec": 3}
+    inventory = services_inventory(deployment.inventory, tmp_path / "services", LAB_SERVICES, key, more)
+    head, _, lost = lab.inventory.hosts
+    edge = f"http://{head.ip}:{EDGE_PORT}/v1"
+    tiny2 = f"http://{lost.ip}:8100"
+    paced = {"load": 1, "load_interval": LAB_LOAD_INTERVAL}
+    laps = Laps()
+    served = deploy(inventory, bundle=deployment.bundle, **paced)
+    assert served.ok, failures(served)
+    laps.lap("whole deploy of the services", served)
+    assert len(router_workers(lab, ROUTER_PORT)) == 3
+
+    with LoadMeter(edge, key, ["tiny"], streams=1, warmup=2.0, interval=LAB_LOAD_INTERVAL) as meter:
+        lab.lab.power_off(lost.name)
+        time.sleep(20)  # the router's health check (every 1 s, 2 failures) has long taken tiny-2 out
+        with LoadMeter(edge, key, ["tiny"], streams=1, warmup=0.5, interval=LAB_LOAD_INTERVAL) as detected:
+            time.sleep(30)
+    during, after = meter.result(), detected.result()
+    laps.lap("node3 powered off under load")
+    assert during.answered_before and during.requests >= 15 and during.failed <= 1, during
+    assert after.requests >= 10 and after.failed == 0, after
+    down = status(inventory)
+    laps.lap("status with node3 lost")
+    assert not down.ok and down.services == {"tiny": "degraded", "tiny-chat": "up"}, down.problems
+    lost_replicas = [(r.id, r.unit, r.ready) for r in down.replicas if not r.ready]
+    assert lost_replicas == [("tiny-2", "unreachable", False)], down.problems
+    assert any(line.startswith("replica tiny-2 on node3: not ready") for line in down.problems), down.problems
+
+    lab.lab.power_on(lost.name)
+    route_to_bridge(lab.lab, lab.inventory)
+    laps.lap("node3 booted again")
+    restored = deploy(inventory, bundle=deployment.bundle, **paced)
+    assert restored.ok, failures(restored)
+    laps.lap("the next whole deploy", restored)
+    assert router_workers(lab, ROUTER_PORT) == sorted(
+        f"http://{host.ip}:8100" for host in lab.inventory.hosts
+    )
+    before = served_on_head(lab, {"tiny-2": tiny2})
+    assert requests_on_head(lab, deployment.key, "tiny", ROUTER_PORT, 9) == [200] * 9
+    assert served_on_head(lab, {"tiny-2": tiny2})["tiny-2"] - before["tiny-2"] >= 1
+    up = status(inventory)
+    assert up.ok and up.services == {"tiny": "up", "tiny-chat": "up"}, up.problems

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -15,6 +16,8 @@ import pytest
 from gpufleet.runner import DeployError, deploy, rollback
 from gpufleet.runner.availability import LoadMeter, percentile, summarize
 from gpufleet.runner.change_lines import _availability
+from gpufleet.runner.facts import PublishedFacts
+from gpufleet.runner.report import RollbackReport
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -134,3 +137,43 @@ def test_a_load_without_a_pause_is_refused_before_anything_runs(
         assert message.startswith(where), message
         assert "Fix: pass load_interval=0.5" in message
     assert ran == []  # nothing ran on any host
+
+
+@pytest.mark.parametrize("run", ["deploy", "rollback"])
+def test_a_change_of_services_is_measured_through_the_edge_by_deploy_and_by_rollback(
+    run: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Lab run of 2026-12-04: `rollback(load=1)` of the services reported no availability at all: it read the
+    inventory without validating it, so no typed fleet, no edge, no load. Both runs load inventories/prod's
+    services through its edge (the head's cluster address, port 8000) with the streams and pace asked."""
+    loads: list[tuple[str, list[str], int, float]] = []
+
+    class Meter:  # a test double of LoadMeter: no edge answers here
+        def __init__(self, url: str, _key: Path, models: list[str], *, streams: int, interval: float) -> None:
+            loads.append((url, models, streams, interval))
+
+        def __enter__(self) -> Meter:
+            return self
+
+        def __exit__(self, *_exc: object) -> None:
+            return None
+
+        def result(self) -> None:
+            return None
+
+    inventory = tmp_path / "inventories" / "prod"  # a copy (the run locks it), its models beside it
+    shutil.copytree(REPO / "inventories" / "prod", inventory)
+    (tmp_path / "models").symlink_to(REPO / "models")
+    monkeypatch.setattr("gpufleet.runner.api.LoadMeter", Meter)
+    monkeypatch.setattr("gpufleet.runner.api.head_marker", lambda *_a, **_k: None)
+    monkeypatch.setattr("gpufleet.runner.api.acquire", lambda _marker: [])
+    monkeypatch.setattr("gpufleet.runner.api._run", lambda *_a, **_k: ([], PublishedFacts()))
+    monkeypatch.setattr(
+        "gpufleet.runner.api._rollback", lambda *_a, **_k: RollbackReport(slot="previous", ok=True)
+    )
+    if run == "deploy":
+        deploy(inventory, stages=["serve"], load=1, load_interval=2.0)
+    else:
+        rollback(inventory, load=1, load_interval=2.0)
+
+    assert loads == [("http://10.10.0.10:8000/v1", ["qwen2.5-1.5b-instruct"], 1, 2.0)]

@@ -172,6 +172,14 @@ CASES: dict[str, Case] = {
     "deploy --stages unknown": (
         lambda t: ["deploy", "-i", str(prod(t)), "--stages", "nodes,bogus"], 2, "stage 'bogus': unknown"),
     "deploy -i a binary file": (lambda t: ["deploy", "-i", str(file_at(t))], 1, "found bytes that are not UTF-8"),
+    "deploy --load-interval 0": (
+        lambda t: ["deploy", "-i", str(prod(t)), "--load-interval", "0"], 2, "--load-interval: found '0'"),
+    "deploy --load-interval nan": (
+        lambda t: ["deploy", "-i", str(prod(t)), "--load-interval", "nan"], 2, "--load-interval: found 'nan'"),
+    "rollback --load-interval inf": (
+        lambda t: ["rollback", "-i", str(prod(t)), "--load-interval", "inf"], 2, "--load-interval: found 'inf'"),
+    "rollback --load -1": (lambda t: ["rollback", "-i", str(prod(t)), "--load=-1"], 2, "--load: found '-1'"),
+    "deploy --load 1.5": (lambda t: ["deploy", "-i", str(prod(t)), "--load", "1.5"], 2, "--load: found '1.5'"),
     "teardown -i a binary file": (lambda t: ["teardown", "-i", str(file_at(t))], 1, "found bytes that are not UTF-8"),
     "teardown -i hosts with latin-1": (
         lambda t: ["teardown", "-i", str(appended(t, "hosts.yml", b"# caf\xe9\n"))], 1, "found bytes that are not UTF-8"),

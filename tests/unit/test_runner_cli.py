@@ -12,9 +12,11 @@ import pytest
 from rich.console import Console
 
 from gpufleet.commands import deploy as deploy_command
+from gpufleet.commands import rollback as rollback_command
 from gpufleet.commands import status as status_command
 from gpufleet.commands import teardown as teardown_command
 from gpufleet.commands.deploy import exit_code, planned
+from gpufleet.runner.availability import INTERVAL, STREAMS
 from gpufleet.runner.events import StageRecorder
 from gpufleet.runner.progress import LiveProgress, print_deploy_report
 from gpufleet.runner.report import DeployReport, RollbackReport, StageResult
@@ -70,6 +72,44 @@ def test_deploy_parses_every_option(tmp_path: Path) -> None:
         "head",
         True,
     )
+
+
+@pytest.mark.parametrize("command", ["deploy", "rollback"])
+def test_the_load_options_reach_the_run_and_default_to_the_apis(
+    command: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """--load and --load-interval (the measured load of a change of services) are passed to deploy() and
+    rollback() as given; without them, the API's defaults."""
+    seen: list[tuple[int, float]] = []
+
+    def record(*_args: Any, load: int, load_interval: float, **_kw: Any) -> DeployReport:
+        seen.append((load, load_interval))
+        return DeployReport(ok=True, seconds=0.0)
+
+    monkeypatch.setattr(deploy_command, "deploy", record)
+    monkeypatch.setattr(rollback_command, "rollback", record)
+    monkeypatch.setattr(deploy_command, "load", lambda *_a, **_k: FakeFleet())
+    monkeypatch.setattr(deploy_command, "finished", lambda report, *_a: report)
+    monkeypatch.setattr(rollback_command, "readable", lambda _inventory: None)
+    parser = argparse.ArgumentParser()
+    subparsers = parser.add_subparsers()
+    deploy_command.register(subparsers)
+    rollback_command.register(subparsers)
+    for argv in (["--load", "1", "--load-interval", "2"], []):
+        args = parser.parse_args([command, "-i", str(tmp_path), "--json", *argv])
+        assert args.func(args) == 0
+
+    assert seen == [(1, 2.0), (STREAMS, INTERVAL)]
+
+
+class FakeFleet:
+    """What deploy's command does with the fleet it read before deploy() (a test double: no inventory)."""
+
+    def with_extra_vars(self, _variables: Any) -> FakeFleet:
+        return self
+
+    def validate(self) -> FakeFleet:
+        return self
 
 
 @pytest.mark.parametrize("command", ["deploy", "status", "teardown"])

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gpufleet.cli import main
 from gpufleet.fleet import load, validate_inventory
@@ -231,3 +233,28 @@ def test_services_not_written_as_a_list_of_mappings_get_one_line(make_inventory:
         "gpufleet_services[0]: gpufleet_services: found 'qwen'; expected a mapping (name, model, replicas, "
         "...). Fix: write each service as a mapping"
     ]
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("value", "edge"), [("n", False), ("off", False), (False, False), ("yes", True), ("on", True)]
+)
+def test_the_edge_is_read_from_gateway_edge_as_the_gateway_role_reads_it(
+    value: object, edge: bool, tmp_path: Path
+) -> None:
+    """The load and the report measure the edge only where the gateway role runs one: ``gateway_edge`` is an
+    Ansible boolean there (argument spec type bool: "n" and "off" are false, "on" is true)."""
+    inventory = tmp_path / "prod"
+    shutil.copytree(REPO / "inventories" / "prod", inventory)
+    hosts = inventory / "hosts.yml"
+    data = yaml.safe_load(hosts.read_text(encoding="utf-8"))
+    head = data["gpu_nodes"]["children"]["ray_head"]["hosts"]
+    for host in head.values():
+        host["gateway_edge"] = value
+    hosts.write_text(yaml.safe_dump(data), encoding="utf-8")
+
+    fleet = load(inventory)
+
+    assert (fleet.edge is not None) == edge, fleet.edge

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,7 @@ from gpufleet.fleet import Fleet, load
 from gpufleet.fleet.services import plan_replicas
 from gpufleet.problems import InventoryError
 from gpufleet.runner import STAGES, DeployError, DeployReport, ProgressSink, StatusReport, deploy
+from gpufleet.runner.availability import INTERVAL, STREAMS
 from gpufleet.runner.progress import LiveProgress, print_deploy_report
 from gpufleet.vllm_log import PlanFigures
 
@@ -69,7 +71,52 @@ def register(subparsers: Any) -> None:
         help="when the cluster, serve or verify stage fails, leave the fleet as the failure left it "
         "(default: restore every node's last healthy revision and pass the health gate again)",
     )
+    add_load_arguments(parser)
     parser.set_defaults(func=run)
+
+
+def add_load_arguments(parser: argparse.ArgumentParser) -> None:
+    """--load and --load-interval (deploy, rollback): the steady load through the edge that measures a change
+    of services (deploy()'s and rollback()'s ``load`` and ``load_interval``)."""
+    parser.add_argument(
+        "--load",
+        type=streams,
+        default=STREAMS,
+        metavar="N",
+        help=f"services: N concurrent streams of short chats through the edge while the change runs, "
+        f"measured in the report's availability (default {STREAMS}; 0: none)",
+    )
+    parser.add_argument(
+        "--load-interval",
+        type=pause,
+        default=INTERVAL,
+        metavar="SECONDS",
+        help=f"services: at most one request per SECONDS in each stream (default {INTERVAL}); a fleet short "
+        "of CPU (vLLM's CPU build, the lab) is slowed by a dense load: 2 there",
+    )
+
+
+def streams(text: str) -> int:
+    """--load: a whole number of streams, 0 or more."""
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(
+            f"found {text!r}; expected a whole number of streams, 0 or more. Fix: e.g. --load 1 (0: no load)"
+        )
+    return int(text)
+
+
+def pause(text: str) -> float:
+    """--load-interval: seconds, more than 0 (a stream without a pause would flood the edge)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not seconds > 0 or math.isinf(seconds):
+        raise argparse.ArgumentTypeError(
+            f"found {text!r}; expected seconds between one stream's requests, more than 0. "
+            f"Fix: e.g. --load-interval {INTERVAL} (the default), or --load 0 for no load"
+        )
+    return seconds
 
 
 def extra_var(text: str) -> tuple[str, str]:
@@ -167,6 +214,8 @@ def run(args: argparse.Namespace) -> int:
             limit=args.limit,
             progress=progress,
             rollback=args.rollback,
+            load=args.load,
+            load_interval=args.load_interval,
         )
         return finished(report, fleet, args)
 

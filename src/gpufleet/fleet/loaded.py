@@ -20,6 +20,7 @@ from gpufleet.fleet.control import control_host
 from gpufleet.fleet.disagg import POOLS, PROXY_PORT, has_pools
 from gpufleet.fleet.inventory import read_inventory
 from gpufleet.fleet.raw import RawInventory
+from gpufleet.fleet.role_values import ansible_bool
 from gpufleet.fleet.schema import FleetSpec
 from gpufleet.fleet.validate import plan_request
 from gpufleet.fleet.validate import validate as validate_raw
@@ -163,7 +164,7 @@ class Fleet:
         if self.spec is None or not self.spec.services or not heads or self.endpoint is None:
             return None
         variables: dict[str, Any] = dict(heads[0].variables)
-        if str(variables.get("gateway_edge", True)).lower() in ("false", "no", "0", "off"):
+        if not ansible_bool(variables.get("gateway_edge"), default=True):  # as the gateway role reads it
             return None
         host = str(variables.get("gateway_edge_host") or variables.get("gpufleet_node_ip", ""))
         port = str(variables.get("gateway_edge_port", 8000))

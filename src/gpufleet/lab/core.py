@@ -133,6 +133,30 @@ class Lab:
             self.wait_for_cleanup()
         return _inventory(state)
 
+    def power_off(self, host: str) -> None:
+        """Take one host away as a machine that lost power goes: every process killed and its network link
+        gone, so its address stops answering (a connection to it times out; none is refused). Its disk stays:
+        :meth:`power_on` boots it again with what it held."""
+        with self._lock():
+            state = self.state()
+            target = _host(state, host)
+            spec = target.spec()
+            lab_host.power_off(spec)
+            lab_net.delete_host_link(state.index, state.hosts.index(target) + 1, spec.netns)
+
+    def power_on(self, host: str) -> None:
+        """Boot a host :meth:`power_off` took away, from its own disk, on its address; returns once SSH
+        answers."""
+        with self._lock():
+            state = self.state()
+            target = _host(state, host)
+            spec = target.spec()
+            node = state.hosts.index(target) + 1
+            lab_net.add_host_link(state.index, node, spec.netns, offline=state.offline)
+            lab_host.make_cgroups(spec)
+            lab_host.boot(spec)
+            _wait_for_ssh(state)
+
     def wait_for_cleanup(self) -> None:
         """Wait until the upper dirs that this process's resets left to delete are gone."""
         for cleaner in _CLEANERS.pop(self.name, []):

@@ -234,9 +234,14 @@ def kill(spec: HostSpec, timeout: float = KILL_TIMEOUT) -> None:
 
 def teardown(spec: HostSpec) -> None:
     """Kill, unmount the overlay, remove the netns and cgroups. Safe on a half-built or gone host."""
-    kill(spec)
+    power_off(spec)
     _unmount(spec.root)
     run(["ip", "netns", "del", spec.netns], check=False)
+
+
+def power_off(spec: HostSpec) -> None:
+    """Kill the host and remove its cgroups; its disk (the overlay, still mounted) stays for :func:`boot`."""
+    kill(spec)
     for directory in spec.cgroups:
         _remove_cgroup_tree(Path(directory))
     propagate = Path("/run/systemd/nspawn/propagate") / spec.machine

@@ -156,10 +156,12 @@ def rollback(
     first = spec(Step("rollback"), options)
     started = time.monotonic()
     measured = None if fleet.lists_services else fleet.endpoint  # services: see deploy()
+    # the edge and the services' names come from the typed fleet: read unchecked, the fleet has none
+    typed = fleet.validate() if fleet.lists_services and load > 0 else fleet
     with (
         _one_run(fleet.path, "rollback"),
         _downtime_meter(measured) as meter,
-        _load_meter(fleet, load, load_interval) as loaded,
+        _load_meter(typed, load, load_interval) as loaded,
     ):
         marker = head_marker([first], "rollback", fleet.control)
         warnings = acquire(marker)
