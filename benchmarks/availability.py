@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.lab import Lab
+from gpufleet.lab.demo import route_to_bridge
 from gpufleet.lab.state import lab_dir
 
 MAX_REQUESTS = 20000
@@ -132,8 +133,11 @@ def run(  # noqa: PLR0915  (one measured scenario, its steps in order)
         time.sleep(kill_at)
         found["killed_at"] = kill_at
         if lost_host:  # the whole node, as a machine losing power: its address stops answering
-            lab.power_off(victim.node)
-            found["kill_rc"] = 0
+            try:
+                lab.power_off(victim.node)
+                found["kill_rc"] = 0
+            except Exception as error:  # reported, and no power_on of a host that may still run
+                found["kill_rc"], found["power_off_error"] = 1, str(error)
             return
         pattern = f"serve --config /etc/gpufleet/instances/{victim.id}/"
         found["kill_rc"] = lab.ssh(victim.node, ["pkill", "-KILL", "-f", pattern], timeout=30).returncode
@@ -154,8 +158,9 @@ def run(  # noqa: PLR0915  (one measured scenario, its steps in order)
     requests = load(edge, key, streams, seconds)
     killer.join()
     after = counters(lab, head, urls)
-    if lost_host:  # back: the node boots from its disk, then the next whole deploy (paced) restores it
+    if lost_host and found.get("kill_rc") == 0:  # back: it boots from its disk; the next deploy restores it
         lab.power_on(victim.node)
+        route_to_bridge(lab, lab.inventory())  # the default route make demo gave its hosts (dropped there)
         from gpufleet.runner import deploy  # noqa: PLC0415  (imports ansible)
 
         bundle = Path(__file__).resolve().parents[1] / "dist" / "lab-bundle"  # make demo's
@@ -316,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(results, indent=1))
     if args.markdown and not args.lost_host:
         args.markdown.write_text(markdown(results), encoding="utf-8")
-    return 0 if results["kill_rc"] == 0 else 1
+    restored = results.get("next_deploy", {}).get("ok", True)  # --lost-host: the deploy after the boot
+    return 0 if results.get("kill_rc") == 0 and restored else 1
 
 
 if __name__ == "__main__":

@@ -123,7 +123,10 @@ def test_a_service_that_does_not_answer_at_the_start_is_not_loaded(edge: str, tm
     assert "not measured" in str(_availability(seen))
 
 
-@pytest.mark.parametrize(("streams", "interval"), [(1, 0.0), (2, -1.0), (-1, 0.5)])
+@pytest.mark.parametrize(
+    ("streams", "interval"),
+    [(1, 0.0), (2, -1.0), (-1, 0.5), (65, 0.5), (1, 0.001), (1, float("inf")), (1, float("nan")), (1.5, 0.5)],
+)
 def test_a_load_without_a_pause_is_refused_before_anything_runs(
     streams: int, interval: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -133,7 +136,7 @@ def test_a_load_without_a_pause_is_refused_before_anything_runs(
         with pytest.raises(DeployError) as refused:
             call(REPO / "inventories" / "prod", load=streams, load_interval=interval)
         message = str(refused.value)
-        where = f"deploy()/rollback(): load={streams}, load_interval={interval}: found"
+        where = f"deploy()/rollback(): load={streams!r}, load_interval={interval!r}: found"
         assert message.startswith(where), message
         assert "Fix: pass load_interval=0.5" in message
     assert ran == []  # nothing ran on any host

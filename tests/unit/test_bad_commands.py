@@ -180,6 +180,11 @@ CASES: dict[str, Case] = {
         lambda t: ["rollback", "-i", str(prod(t)), "--load-interval", "inf"], 2, "--load-interval: found 'inf'"),
     "rollback --load -1": (lambda t: ["rollback", "-i", str(prod(t)), "--load=-1"], 2, "--load: found '-1'"),
     "deploy --load 1.5": (lambda t: ["deploy", "-i", str(prod(t)), "--load", "1.5"], 2, "--load: found '1.5'"),
+    "deploy --load 65": (lambda t: ["deploy", "-i", str(prod(t)), "--load", "65"], 2, "--load: found '65'"),
+    "deploy --load in another script's digits": (
+        lambda t: ["deploy", "-i", str(prod(t)), "--load", "\u0661"], 2, "--load: found '\u0661'"),
+    "deploy --load-interval 1e-9": (
+        lambda t: ["deploy", "-i", str(prod(t)), "--load-interval", "1e-9"], 2, "--load-interval: found '1e-9'"),
     "teardown -i a binary file": (lambda t: ["teardown", "-i", str(file_at(t))], 1, "found bytes that are not UTF-8"),
     "teardown -i hosts with latin-1": (
         lambda t: ["teardown", "-i", str(appended(t, "hosts.yml", b"# caf\xe9\n"))], 1, "found bytes that are not UTF-8"),

@@ -22,7 +22,7 @@ from gpufleet.fleet import Fleet, load
 from gpufleet.fleet.services import plan_replicas
 from gpufleet.problems import InventoryError
 from gpufleet.runner import STAGES, DeployError, DeployReport, ProgressSink, StatusReport, deploy
-from gpufleet.runner.availability import INTERVAL, STREAMS
+from gpufleet.runner.availability import INTERVAL, MAX_INTERVAL, MAX_STREAMS, MIN_INTERVAL, STREAMS
 from gpufleet.runner.progress import LiveProgress, print_deploy_report
 from gpufleet.vllm_log import PlanFigures
 
@@ -97,24 +97,26 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def streams(text: str) -> int:
-    """--load: a whole number of streams, 0 or more."""
-    if not text.strip().isdigit():
+    """--load: a whole number of streams, 0 to MAX_STREAMS."""
+    if not (text.isascii() and text.strip().isdigit() and int(text) <= MAX_STREAMS):
         raise argparse.ArgumentTypeError(
-            f"found {text!r}; expected a whole number of streams, 0 or more. Fix: e.g. --load 1 (0: no load)"
+            f"found {text!r}; expected a whole number of streams from 0 to {MAX_STREAMS}. "
+            "Fix: e.g. --load 1 (0: no load)"
         )
     return int(text)
 
 
 def pause(text: str) -> float:
-    """--load-interval: seconds, more than 0 (a stream without a pause would flood the edge)."""
+    """--load-interval: seconds from MIN_INTERVAL to MAX_INTERVAL (a stream without a pause would flood the
+    edge)."""
     try:
         seconds = float(text)
     except ValueError:
         seconds = math.nan
-    if not seconds > 0 or math.isinf(seconds):
+    if not MIN_INTERVAL <= seconds <= MAX_INTERVAL:  # nan fails both
         raise argparse.ArgumentTypeError(
-            f"found {text!r}; expected seconds between one stream's requests, more than 0. "
-            f"Fix: e.g. --load-interval {INTERVAL} (the default), or --load 0 for no load"
+            f"found {text!r}; expected seconds between one stream's requests, from {MIN_INTERVAL} to "
+            f"{MAX_INTERVAL:g}. Fix: e.g. --load-interval {INTERVAL} (the default), or --load 0 for no load"
         )
     return seconds
 

@@ -134,28 +134,33 @@ class Lab:
         return _inventory(state)
 
     def power_off(self, host: str) -> None:
-        """Take one host away as a machine that lost power goes: every process killed and its network link
-        gone, so its address stops answering (a connection to it times out; none is refused). Its disk stays:
-        :meth:`power_on` boots it again with what it held."""
+        """Take one host away as a machine that lost power goes: its network link gone first, so its address
+        stops answering (a connection to it times out; none is refused, no socket of it closes cleanly), then
+        every process killed. Its disk stays: :meth:`power_on` boots it again with what it held."""
         with self._lock():
             state = self.state()
             target = _host(state, host)
             spec = target.spec()
-            lab_host.power_off(spec)
             lab_net.delete_host_link(state.index, state.hosts.index(target) + 1, spec.netns)
+            lab_host.power_off(spec)
 
     def power_on(self, host: str) -> None:
-        """Boot a host :meth:`power_off` took away, from its own disk, on its address; returns once SSH
-        answers."""
+        """Boot a host :meth:`power_off` took away, from its own disk, on its address; returns once its SSH
+        answers. A host that still runs is refused (LabError): booting it twice would take its network."""
         with self._lock():
             state = self.state()
             target = _host(state, host)
             spec = target.spec()
+            if lab_host.processes(spec):
+                raise LabError(
+                    f"lab {self.name}: {target.hostname}: found it running; expected a host power_off() "
+                    f"took away. Fix: Lab({self.name!r}).power_off({target.hostname!r}) first"
+                )
             node = state.hosts.index(target) + 1
             lab_net.add_host_link(state.index, node, spec.netns, offline=state.offline)
             lab_host.make_cgroups(spec)
             lab_host.boot(spec)
-            _wait_for_ssh(state)
+            _wait_for_ssh(state, [target])
 
     def wait_for_cleanup(self) -> None:
         """Wait until the upper dirs that this process's resets left to delete are gone."""
@@ -305,7 +310,8 @@ def _teardown(state: LabState) -> None:
     shutil.rmtree(lab_state.lab_dir(state.name), ignore_errors=True)
 
 
-def _wait_for_ssh(state: LabState) -> None:
+def _wait_for_ssh(state: LabState, hosts: Sequence[HostState] | None = None) -> None:
+    """Until every host (or each of ``hosts``) answers SSH; LabError naming one that does not."""
     started = time.monotonic()
 
     def wait(host: HostState) -> None:
@@ -317,7 +323,7 @@ def _wait_for_ssh(state: LabState) -> None:
             time.sleep(0.05)
         _boot_failed(state, host, f"SSH did not answer within {SSH_READY_TIMEOUT:.0f} s")
 
-    _parallel(wait, state.hosts)
+    _parallel(wait, state.hosts if hosts is None else hosts)
 
 
 def _boot_failed(state: LabState, host: HostState, what: str) -> NoReturn:

@@ -234,14 +234,20 @@ def kill(spec: HostSpec, timeout: float = KILL_TIMEOUT) -> None:
 
 def teardown(spec: HostSpec) -> None:
     """Kill, unmount the overlay, remove the netns and cgroups. Safe on a half-built or gone host."""
-    power_off(spec)
+    kill(spec)
     _unmount(spec.root)
     run(["ip", "netns", "del", spec.netns], check=False)
+    _forget(spec)
 
 
 def power_off(spec: HostSpec) -> None:
     """Kill the host and remove its cgroups; its disk (the overlay, still mounted) stays for :func:`boot`."""
     kill(spec)
+    _forget(spec)
+
+
+def _forget(spec: HostSpec) -> None:
+    """Remove what is left of a killed host: its cgroups, nspawn's propagate directory."""
     for directory in spec.cgroups:
         _remove_cgroup_tree(Path(directory))
     propagate = Path("/run/systemd/nspawn/propagate") / spec.machine

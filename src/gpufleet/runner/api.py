@@ -23,7 +23,7 @@ from gpufleet.fleet.services import not_deployable
 from gpufleet.problems import InventoryError
 from gpufleet.runner.adhoc import acquire, clean_hosts, head_marker
 from gpufleet.runner.arguments import RunSpec, run_stages
-from gpufleet.runner.availability import INTERVAL, STREAMS, LoadMeter
+from gpufleet.runner.availability import INTERVAL, MAX_INTERVAL, MAX_STREAMS, MIN_INTERVAL, STREAMS, LoadMeter
 from gpufleet.runner.downtime import DowntimeMeter
 from gpufleet.runner.events import ProgressSink
 from gpufleet.runner.facts import PublishedFacts
@@ -376,9 +376,12 @@ def _check_limit(fleet: Fleet, limit: str | None) -> None:
 
 def _check_load(streams: int, interval: float) -> None:
     """The load's streams and pace, before anything runs: a stream without a pause would flood the edge."""
-    if streams < 0 or (streams > 0 and not interval > 0):
+    whole = isinstance(streams, int) and not isinstance(streams, bool)
+    paced = isinstance(interval, int | float) and MIN_INTERVAL <= interval <= MAX_INTERVAL
+    if not whole or not 0 <= streams <= MAX_STREAMS or (streams > 0 and not paced):
         raise DeployError(
-            f"deploy()/rollback(): load={streams}, load_interval={interval}: found a negative number of "
-            "streams or a pause of 0 or less; expected load >= 0 (0: no load) and load_interval > 0 seconds. "
+            f"deploy()/rollback(): load={streams!r}, load_interval={interval!r}: found a number of streams "
+            f"outside 0-{MAX_STREAMS} or a pause outside {MIN_INTERVAL}-{MAX_INTERVAL:g} s; expected load "
+            f"from 0 (no load) to {MAX_STREAMS} and load_interval from {MIN_INTERVAL} to {MAX_INTERVAL:g} s. "
             f"Fix: pass load_interval={INTERVAL} (the default) or more, or load=0"
         )

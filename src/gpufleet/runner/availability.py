@@ -26,6 +26,9 @@ from pathlib import Path
 from gpufleet.runner.measured import Availability
 
 STREAMS = 2
+MAX_STREAMS = 64  # deploy()/rollback() and the CLI refuse more: a measure, not a load test
+MIN_INTERVAL = 0.05  # seconds: at most 20 requests a second per stream
+MAX_INTERVAL = 600.0
 WARMUP = 3.0
 INTERVAL = 0.5
 TIMEOUT = 120.0
