@@ -73,8 +73,9 @@ RETURN = r"""
 _raw:
   description: >-
     For C(replicas): id, service, name (what clients send as model), node, nodes, gpus, port, url,
-    executor, model (repo, revision, dir), serving (the vllm_service_* settings, less the prefix) and
-    router_port (the port of its service's router on the gateway host).
+    executor, model (repo, revision, dir), image (the service's, null for the fleet's), serving (the
+    vllm_service_* settings, less the prefix) and router_port (the port of its service's router on the
+    gateway host).
     For C(gateway): name (the service's), model (what its clients send), port, metrics_port and workers.
     For C(metrics): job, target (host:port), labels. For C(stamps): the stamps' names (strings).
   type: list
@@ -138,6 +139,7 @@ class LookupModule(LookupBase):  # type: ignore[misc]
                         "url": f"http://{addresses[replica.node]}:{replica.port}",
                         "executor": replica.executor,
                         "model": service.model.model_dump(mode="json", exclude={"config"}),
+                        "image": service.image,
                         "serving": service.serving.model_dump(
                             mode="json", exclude={"served_model_name", "port"}
                         ),

@@ -49,7 +49,8 @@ options:
     description:
       - State record. Names the model's kept links (C(<dir>@OWNER@current)) for an instance that shares
         the model directory with others on the node (replicas of services), so that one's rotation never
-        moves another's.
+        moves another's, and its image tags (C(gpufleet/revision:OWNER-current), C(OWNER-previous)): the
+        replicas of a node may run different images.
   docker: {type: str, default: docker, description: The docker CLI.}
 """
 
@@ -239,7 +240,7 @@ def rotate(root: str, current: dict[str, Any], cli: str, owner: str = "") -> Non
     current["slot"] = "previous"
     os.replace(os.path.join(root, "current"), os.path.join(root, "previous"))
     write_record(os.path.join(root, "previous"), current)
-    tag(cli, current["image_id"], "previous")
+    tag(cli, current["image_id"], "previous", owner)
 
 
 def record(module: AnsibleModule) -> dict[str, Any]:
@@ -284,7 +285,7 @@ def record(module: AnsibleModule) -> dict[str, Any]:
             os.replace(incoming, now["model"]["keep"])
     shutil.rmtree(os.path.join(root, "current"), ignore_errors=True)
     os.replace(staging, os.path.join(root, "current"))
-    tag(params["docker"], now["image_id"], "current")
+    tag(params["docker"], now["image_id"], "current", params["keep_owner"])
     return {"changed": True, "warnings": warnings}
 
 
@@ -295,10 +296,13 @@ def write_record(folder: str, data: Mapping[str, Any]) -> None:
     os.replace(os.path.join(folder, RECORD + ".tmp"), os.path.join(folder, RECORD))
 
 
-def tag(cli: str, image_id: str, slot: str) -> None:
-    done = docker(cli, "tag", image_id, f"{IMAGE_TAG}:{slot}")
+def tag(cli: str, image_id: str, slot: str, owner: str = "") -> None:
+    """Keep the slot's image from deletion: ``gpufleet/revision:SLOT`` (instance default), or
+    ``gpufleet/revision:OWNER-SLOT`` for the other instances (replicas of a node may run different images)."""
+    name = f"{IMAGE_TAG}:{owner + '-' if owner else ''}{slot}"
+    done = docker(cli, "tag", image_id, name)
     if done.returncode != 0:
-        raise RevisionError(f"docker tag {image_id} {IMAGE_TAG}:{slot}: {done.stderr.strip()}")
+        raise RevisionError(f"docker tag {image_id} {name}: {done.stderr.strip()}")
 
 
 def wanted_files(

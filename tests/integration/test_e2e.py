@@ -758,24 +758,26 @@ LAB_LOAD_INTERVAL = 2.0
 
 
 def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_service(
-    lab: RunningLab, deployment: Deployment, tmp_path: Path
+    lab: RunningLab, deployment: Deployment, upgrade_images: dict[str, str], tmp_path: Path
 ) -> None:
     """A whole deploy() (monitoring on) of an inventory of the lab's hosts that lists two services: each
-    replica the planner placed runs as its own unit and port on its node (node1 holds tiny-0, tiny-chat-0
-    and the deployment's own instance in one container), and the report lists them; both services answer by
-    name through their routers, and 60 requests to tiny reach each of its 3 replicas at least 10 times
-    (round robin); no key gets a 401; the replicas' ports refuse this machine (they answer the gateway host
-    only); the edge answers this machine for both services by name, 401 without the key, 404 for an
-    unknown model and lists both models; `status` lists every replica ready, both services up and the edge
-    answering; Prometheus scrapes every replica, router and the edge, and each panel of the services
-    dashboard has data; tiny, deployed first as 2 replicas, raised to 3, changes only node3 (the new
-    replica) and the head (tiny's router): node2 changes nothing and no replica that was there restarts; a
-    second whole deploy changes nothing and takes the fast path (only verify runs); the whole deploy recorded
-    one fleet revision on every replica and a rollback without a previous one is refused naming them; a change
-    of tiny-chat's settings restarts its replica alone and `gpufleet rollback` puts the one before back on
-    it alone; stopping one replica leaves the other instances of its container running (no instance counts
-    another's processes as its orphans), and `status` then names it and says its service is down; a deploy
-    with fewer replicas and without tiny-chat stops and removes tiny-2, tiny-chat-0 and tiny-chat's router."""
+    replica the planner placed runs as its own unit, port and container on its node (node1 holds tiny-0,
+    tiny-chat-0 and the deployment's own instance, in the node's container), and the report lists them; both
+    services answer by name through their routers, and 60 requests to tiny reach each of its 3 replicas at
+    least 10 times (round robin); no key gets a 401; the replicas' ports refuse this machine (they answer the
+    gateway host only); the edge answers this machine for both services by name, 401 without the key, 404 for
+    an unknown model and lists both models; `status` lists every replica ready, both services up and the edge
+    answering; Prometheus scrapes every replica, router and the edge, and each panel of the services dashboard
+    has data; tiny, deployed first as 2 replicas, raised to 3, changes only node3 (the new replica) and the
+    head (tiny's router): node2 changes nothing and no replica that was there restarts; a second whole deploy
+    changes nothing and takes the fast path (only verify runs); the whole deploy recorded one fleet revision
+    on every replica and a rollback without a previous one is refused naming them; a rolling upgrade of tiny
+    to a second image tag (and a setting) under load fails no request and leaves tiny-chat-0 and the node's
+    container alone, and `gpufleet rollback` rolls it back the same way; an image that exits at start stops
+    the change at tiny-0, restored, the others untouched; a replica killed under load comes back; stopping one
+    replica leaves the other instances of its node running (no instance counts another's processes as its
+    orphans), and `status` then names it and says its service is down; a deploy with fewer replicas and
+    without tiny-chat stops and removes tiny-2, tiny-chat-0 and tiny-chat's router."""
     key = api_key_file(deployment.inventory)
     # the edge's port: the deployment's own instance keeps 8000 on the head
     # systemd starts an exited replica again after 3 s (15 by default): a killed one, or one that cannot start
@@ -893,11 +895,18 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
         assert not refused.ok and refused.failures, refused
         assert "none for tiny-0, tiny-1, tiny-2, tiny-chat-0" in refused.failures[0].message, refused.failures
         assert {instance: main_pid(lab, placed[instance][0].name, instance) for instance in kept} == pids
-        # A rolling change (issue 36): tiny's settings change on its 3 replicas, one node at a time, each
-        # drained from tiny's router, restarted, gated and put back, under a steady load through the edge (the
-        # report's availability): no request fails, tiny-chat-0 and the routers do not restart, and verify
-        # records the next fleet revision on every replica, the one before kept as previous
-        tiny8 = {**LAB_SERVICES[0], "serving": {**LAB_SERVICES[0]["serving"], "max_num_seqs": 8}}
+        # A rolling upgrade (issue 36): tiny's image (a second tag of the lab image; each replica runs its
+        # image by ID in a container of its own) and a setting change on its 3 replicas, one node at a time,
+        # each drained from tiny's router, restarted, gated and put back, under a steady load through the edge
+        # (the report's availability): no request fails, tiny-chat-0, the nodes' containers and the routers do
+        # not restart, and verify records the next fleet revision on every replica, the one before kept as
+        # previous
+        tiny8 = {
+            **LAB_SERVICES[0],
+            "serving": {**LAB_SERVICES[0]["serving"], "max_num_seqs": 8},
+            "image": UPGRADE,
+        }
+        ray_before = ray_started(lab)
         changed = services_inventory(
             deployment.inventory, tmp_path / "changed", [tiny8, *LAB_SERVICES[1:]], key, more
         )
@@ -916,6 +925,11 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
         for index in range(3):
             config = ["cat", f"/etc/gpufleet/instances/tiny-{index}/vllm.yaml"]
             assert "max-num-seqs: 8" in lab.ssh(placed[f"tiny-{index}"][0].name, config).stdout
+        assert replica_images(lab, placed) == {
+            **{f"tiny-{index}": upgrade_images[UPGRADE] for index in range(3)},
+            "tiny-chat-0": upgrade_images[IMAGE],
+        }
+        assert ray_started(lab) == ray_before  # the nodes' containers (and the instance in node1's) stayed
         everyone = {i: main_pid(lab, placed[i][0].name, i) for i in placed}
         assert everyone["tiny-chat-0"] == pids["tiny-chat-0"]
         assert all(everyone[f"tiny-{index}"] != running[f"tiny-{index}"] for index in range(3)), everyone
@@ -944,6 +958,7 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
         assert all(restored[f"tiny-{index}"] != everyone[f"tiny-{index}"] for index in range(3)), restored
         tiny0_config = ["cat", "/etc/gpufleet/instances/tiny-0/vllm.yaml"]
         assert "max-num-seqs: 8" not in lab.ssh(head.name, tiny0_config).stdout
+        assert set(replica_images(lab, placed).values()) == {upgrade_images[IMAGE]}
         now = {i: replica_revision(lab, placed[i][0].name, i, "current") for i in placed}
         assert {kept["fleet"] for kept in now.values() if kept is not None} == {current["tiny-0"]["fleet"]}, (
             now
@@ -951,16 +966,11 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
         assert chat(edge, deployment.key, "tiny", "Hi")[0] == 200
         pids = restored
 
-        # A change that cannot start (an argument vLLM refuses, for every replica): the rolling change stops
-        # at the first replica (tiny-0, on the first node), which is restored to its current revision, gated
-        # and put back; no other replica changes, no request through the edge fails, the run fails naming it
-        broken = services_inventory(
-            deployment.inventory,
-            tmp_path / "broken",
-            LAB_SERVICES,
-            key,
-            {**more, "vllm_service_extra_args": ["--gpufleet-lab-no-such-argument"]},
-        )
+        # An upgrade to an image whose vLLM exits at start: the rolling change stops at the first replica
+        # (tiny-0, on the first node), which is restored to its current revision (its image), gated and put
+        # back; no other replica changes, no request through the edge fails, the run fails naming it
+        broken_tiny = [{**LAB_SERVICES[0], "image": BROKEN}, *LAB_SERVICES[1:]]
+        broken = services_inventory(deployment.inventory, tmp_path / "broken", broken_tiny, key, more)
         retried = router_failures(lab, "tiny")
         stopped = deploy(broken, bundle=deployment.bundle, stages=["serve"], **paced)
         laps.lap("a change vLLM cannot start, stopped at tiny-0 and restored", stopped)
@@ -977,7 +987,8 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
         assert {i: p for i, p in after_stop.items() if i != "tiny-0"} == {
             i: p for i, p in pids.items() if i != "tiny-0"
         }, after_stop
-        assert "gpufleet-lab-no-such-argument" not in lab.ssh(head.name, tiny0_config).stdout
+        print(f"the broken image's change: {failures(stopped)}")
+        assert set(replica_images(lab, placed).values()) == {upgrade_images[IMAGE]}
         assert len(router_workers(lab, ROUTER_PORT)) == 3
         assert requests_on_head(lab, deployment.key, "tiny", ROUTER_PORT, 3) == [200] * 3
         pids = after_stop
@@ -1005,7 +1016,8 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
         assert after_kill.failed == 0, after_kill
         pids["tiny-2"] = main_pid(lab, placed["tiny-2"][0].name, "tiny-2")
 
-        shared = ["tiny-0", "tiny-chat-0", "default"]  # node1's container runs all three
+        # node1 runs all three (tiny-0 and tiny-chat-0 in their own containers, default in the node's)
+        shared = ["tiny-0", "tiny-chat-0", "default"]
         seen = {instance: procs(lab, head.name, instance) for instance in shared}
         assert all(seen[i]["service"] and not seen[i]["orphans"] for i in shared), seen
         assert lab.ssh(head.name, ["systemctl", "stop", "gpufleet-vllm@tiny-chat-0.service"]).returncode == 0
@@ -1066,6 +1078,14 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
         )
         assert restored.ok, failures(restored)
         laps.lap("clean-up: routers, replicas, monitoring")
+
+
+def replica_images(lab: RunningLab, placed: dict[str, tuple[Any, int]]) -> dict[str, str]:
+    """The image ID each replica's own container runs (gpufleet-vllm-ID)."""
+    ask = ["docker", "inspect", "--format", "{{.Image}}"]
+    return {
+        i: lab.ssh(host.name, [*ask, f"gpufleet-vllm-{i}"]).stdout.strip() for i, (host, _) in placed.items()
+    }
 
 
 def post_json(url: str, key: str | None, body: dict[str, Any]) -> int:

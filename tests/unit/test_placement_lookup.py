@@ -42,6 +42,7 @@ def test_each_replica_has_its_node_gpus_port_url_and_its_services_settings() -> 
     }
     assert first["serving"]["max_model_len"] == 8192 and first["serving"]["gpu_memory_utilization"] == 0.9
     assert "port" not in first["serving"] and "served_model_name" not in first["serving"]
+    assert first["image"] is None  # the fleet's image (a service's own `image` otherwise)
 
 
 def test_the_gateway_gets_a_router_per_service_with_its_replicas_as_workers(tmp_path: Path) -> None:

@@ -279,3 +279,17 @@ def test_absent_forgets_an_instances_revisions_and_its_kept_model_links(node: No
     assert sorted(p.name for p in kept.iterdir()) == ["tiny@tiny-1@current", "tiny@tiny-1@previous"]
     assert (node.model / "model.safetensors").read_bytes() == b"two"
     assert node.module(state="absent", root=roots["tiny-2"])["changed"] is False
+
+
+def test_a_replica_keeps_its_images_under_tags_of_its_own(node: Node) -> None:
+    """The replicas of a node may run different images (a service's own): each keeps its slots' images under
+    its own tags, so one replica's rotation never moves the tag that keeps another's image."""
+    node.module(state="record", keep_owner="tiny-0")
+    node.runs(NEW, env="IMAGE=2\n", config="max-model-len: 4096\n", model_rev="r1", weights=b"one")
+    node.module(state="record", keep_owner="tiny-0")
+
+    assert node.tags() == [
+        f"{OLD} gpufleet/revision:tiny-0-current",
+        f"{OLD} gpufleet/revision:tiny-0-previous",
+        f"{NEW} gpufleet/revision:tiny-0-current",
+    ]

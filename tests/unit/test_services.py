@@ -258,3 +258,27 @@ def test_the_edge_is_read_from_gateway_edge_as_the_gateway_role_reads_it(
     fleet = load(inventory)
 
     assert (fleet.edge is not None) == edge, fleet.edge
+
+
+def test_a_services_own_image_is_validated_and_judged_against_the_fleets_gpus(
+    make_inventory: InventoryFactory,
+) -> None:
+    """``image`` of a service (its replicas run it, each in its own container) is a Docker reference, and
+    it is judged as the fleet's image is: an image whose CUDA the driver cannot run is refused naming the
+    service, before any host is touched."""
+    said = problems_of(with_services(make_inventory, service("a", image="Not An Image")))
+    assert said == [
+        "gpufleet_services[0] (a): image: found 'Not An Image'; expected a Docker image reference such as "
+        "vllm/vllm-openai:v0.24.0 (name[:tag][@sha256:digest]). Fix: set image to a valid value"
+    ], said
+    fine = with_services(make_inventory, service("a", image="vllm/vllm-openai:v0.24.0"))
+    assert problems_of(fine) == []
+    new = with_services(
+        make_inventory, service("a", image="vllm/vllm-openai:v0.24.0"), nvidia_driver_version="535.183.01"
+    )
+    said = problems_of(new)
+    assert any(
+        line.startswith("gpufleet_services (a): image: found vllm/vllm-openai:v0.24.0") for line in said
+    ), said
+    spec = load(fine).spec
+    assert spec is not None and [s.image for s in spec.services] == ["vllm/vllm-openai:v0.24.0"]

@@ -177,3 +177,65 @@ def test_the_template_unit_runs_each_instance_from_its_own_directory(role: Role)
 def test_an_id_that_could_leave_its_directory_is_never_used(role: Role, instance: str) -> None:
     with pytest.raises(Exception, match="vllm_service_instance_id: found"):
         role.value("{{ __vllm_service_config_dir }}", vllm_service_instance_id=instance)
+
+
+IMAGE_ID = "sha256:" + "c" * 64
+OWN = {
+    "vllm_service_instance_id": "tiny-0",
+    "vllm_service_nodes": ["node1"],
+    "vllm_service_executor": "mp",
+    "vllm_service_own_container": True,
+    "__vllm_service_image_id": IMAGE_ID,
+}
+
+
+def own_start(script: str) -> str:
+    """The `start)` branch of an instance in its own container, its continuation lines joined."""
+    start = script[script.index("  start)") : script.index(";;")]
+    return start.replace("\\\n", " ")
+
+
+def test_a_replica_runs_its_image_by_id_in_a_container_of_its_own(role: Role) -> None:
+    """A replica of a service (vllm_service_own_container): its unit's control script replaces its own
+    container with `docker run` of the image by ID, the model and the instance's directory mounted read-only,
+    the key through the root-only env file; stop stops that container only. Its image ID is written into the
+    script, so an image change is a change of the replica's files (it rolls, and a revision restores it)."""
+    script = role.render("gpufleet-vllm.sh.j2", **OWN)
+    start = own_start(script)
+    assert "CONTAINER=gpufleet-vllm-tiny-0\n" in script
+    assert '"$DOCKER" run --rm --name "$CONTAINER" --init --pull=never --network=host' in start
+    assert f"--entrypoint vllm {IMAGE_ID}" in start and "docker exec" not in start and '" exec ' not in start
+    assert "--volume=/opt/models/tiny:/opt/models/tiny:ro" in start
+    assert "--volume=/etc/gpufleet/instances/tiny-0:/etc/gpufleet/instances/tiny-0:ro" in start
+    assert "--env-file /etc/gpufleet/instances/tiny-0/vllm.env" in start and KEY not in script
+    assert "serve --config /etc/gpufleet/instances/tiny-0/vllm.yaml" in start
+    stop = script[script.index("  stop)") :]
+    assert stop.index('"$DOCKER" stop --time "$STOP_TIMEOUT" "$CONTAINER"') < stop.index(";;")
+    other = role.render("gpufleet-vllm.sh.j2", **(OWN | {"__vllm_service_image_id": "sha256:" + "d" * 64}))
+    assert other != script
+    env = role.render("vllm.env.j2", **OWN)
+    assert f"VLLM_API_KEY={KEY}\n" in env and "VLLM_HOST_IP=10.0.0.1\n" in env
+
+
+def test_a_replica_in_its_own_container_does_not_restart_with_the_nodes_container(role: Role) -> None:
+    own = role.render("vllm-instance.conf.j2", **OWN)
+    assert "Requires=docker.service\n" in own and "PartOf" not in own and "gpufleet-ray" not in own
+    assert "SuccessExitStatus=143\n" in own  # docker run's status after the SIGTERM of a stop
+    shared = role.render("vllm-instance.conf.j2", vllm_service_own_container=False)
+    assert "PartOf=gpufleet-ray.service\n" in shared
+
+
+def test_a_replicas_container_takes_the_node_containers_flags_and_their_defaults(role: Role) -> None:
+    """Without ray_cluster's inputs the flags are ray_cluster's defaults (this role repeats them); with them,
+    the node's container's flags (the lab refuses memlock, for instance)."""
+    ray = yaml.safe_load((REPO / "roles/ray_cluster/defaults/main.yml").read_text(encoding="utf-8"))
+    names = ("ray_cluster_shm_size", "ray_cluster_ipc_host", "ray_cluster_privileged", "ray_cluster_ulimits")
+    names += ("ray_cluster_volumes", "ray_cluster_docker_args")
+    defaults = {name: ray[name] for name in names}
+    flags = "{{ __vllm_service_run_flags }}"
+    assert role.value(flags, **OWN) == role.value(flags, **OWN, **defaults)
+    lab = role.value(
+        flags, **OWN, ray_cluster_ulimits=["stack=1:1"], ray_cluster_ipc_host=True, gpufleet_gpu=False
+    )
+    assert lab[:2] == ["--ipc=host", "--ulimit=stack=1:1"], lab
+    assert "--gpus=all" in role.value(flags, **OWN)  # a GPU node by default

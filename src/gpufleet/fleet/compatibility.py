@@ -67,7 +67,30 @@ def check_compatibility(fleet: FleetSpec, variables: Mapping[str, Any], root: Pa
     warnings = [f"{f.variable}: {f.found}; {f.expected}. {f.fix}" for f in findings if not f.error]
     if gpus:  # the fleet gets a memory plan (validation plans GPU nodes only)
         warnings += vllm_version_warnings(image)
-    return Compatibility(problems, warnings, executor)
+    own = _service_images(fleet, variables, str(value.get("nvidia_driver_version") or ""), gpus)
+    return Compatibility(problems + own.problems, warnings + own.warnings, executor)
+
+
+def _service_images(
+    fleet: FleetSpec, variables: Mapping[str, Any], driver: str, gpus: list[tuple[str, str]]
+) -> Compatibility:
+    """A service's own image (``gpufleet_services[].image``) judged as the fleet's is, against every GPU."""
+    problems: list[Problem] = []
+    warnings: list[str] = []
+    forward_compat = ansible_bool(variables.get("gpufleet_cuda_forward_compat"), default=False)
+    for service in fleet.services:
+        if service.image is None or not gpus:
+            continue
+        image = _image(fleet, service.image)
+        where = f"gpufleet_services ({service.name})"
+        for f in check_image(image, driver, gpus, forward_compat=forward_compat) if driver else []:
+            variable = "image" if f.variable == "ray_cluster_image" else f.variable
+            if f.error:
+                problems.append(Problem(where, variable, f.found, f.expected, f.fix))
+            else:
+                warnings.append(f"{where}: {variable}: {f.found}; {f.expected}. {f.fix}")
+        warnings += [f"{where}: {line}" for line in vllm_version_warnings(image)]
+    return Compatibility(problems, warnings, None)
 
 
 def fleet_image(fleet: FleetSpec, variables: Mapping[str, Any], root: Path | None) -> ImageFacts:

@@ -224,6 +224,11 @@ class ServingSpec(_Frozen):
 # A service's name: its replicas' instance ids are <name>-<index> (vllm_service_instance_id: 1-32 of
 # [a-z0-9-]).
 SERVICE_NAME = r"^[a-z0-9](?:[a-z0-9-]{0,26}[a-z0-9])?$"
+# A Docker image reference: [registry[:port]/]name[:tag][@sha256:digest], lowercase name components
+IMAGE_REFERENCE = (
+    r"^(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._-]+[a-z0-9]+)*(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$"
+)
 
 
 class ServiceSpec(_Frozen):
@@ -234,6 +239,17 @@ class ServiceSpec(_Frozen):
     replicas: int | Literal["auto"] = Field(default=1)
     hosts: tuple[str, ...] | None = Field(default=None, min_length=1)  # nodes (groups already expanded)
     serving: ServingSpec = ServingSpec()
+    # the image its replicas run (each in its own container); None = the fleet's (ray_cluster_image)
+    image: str | None = None
+
+    @field_validator("image")
+    @classmethod
+    def _image_reference(cls, value: str | None) -> str | None:
+        if value is not None and (len(value) > 255 or not re.match(IMAGE_REFERENCE, value)):
+            raise ValueError(
+                "a Docker image reference such as vllm/vllm-openai:v0.24.0 (name[:tag][@sha256:digest])"
+            )
+        return value
 
     @field_validator("replicas")
     @classmethod
