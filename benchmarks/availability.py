@@ -7,12 +7,14 @@
         [--markdown FILE]
     sudo .venv/bin/python benchmarks/availability.py --lost-host [--streams 1] [--seconds 90]
 
-``--rolling``: a change of tiny's settings (``max_num_seqs``), a ``gpufleet.runner.deploy`` of the serve and
-verify stages, then back with ``gpufleet.runner.rollback``: tiny's 3 replicas change (and go back) one node
-at a time, each drained from its router, restarted, gated and put back, while the run's own load (``load``:
-the streams, 0 for none; ``load_interval``: at most one request per ``--interval`` seconds on each) goes
-through the edge; reported: the run's time, requests sent and failed, the longest gap between answers and
-latency p50/p99 before and during, from the report's ``availability``.
+``--rolling``: an upgrade of tiny to a second tag of the lab image (``gpufleet.lab.upgrade``: a label more,
+made on the hosts from the lab image; each replica runs its image by ID in a container of its own) with a
+change of its settings (``max_num_seqs``), a ``gpufleet.runner.deploy`` of the serve and verify stages, then
+back with ``gpufleet.runner.rollback``: tiny's 3 replicas change (and go back) one node at a time, each
+drained from its router, restarted, gated and put back, while the run's own load (``load``: the streams, 0 for
+none; ``load_interval``: at most one request per ``--interval`` seconds on each) goes through the edge;
+reported: the run's time, requests sent and failed, the longest gap between answers and latency p50/p99 before
+and during, from the report's ``availability``.
 
 A steady, bounded load from this machine through the edge (``--streams`` concurrent streams of 4-token chats
 to ``tiny``, one after another on each stream) runs for ``--seconds``; at ``--kill-at`` the `vllm serve`
@@ -200,12 +202,13 @@ def run(  # noqa: PLR0915  (one measured scenario, its steps in order)
 
 
 def rolling(name: str, streams: int, interval: float) -> dict[str, Any]:
-    """A rolling change of tiny's settings through deploy(), then `gpufleet rollback` of it (rollback()),
-    each measured by its load."""
+    """A rolling upgrade of tiny (a second image tag, a setting) through deploy(), then `gpufleet rollback`
+    of it (rollback()), each measured by its load."""
     import shutil  # noqa: PLC0415
 
     import yaml  # noqa: PLC0415
 
+    from gpufleet.lab.upgrade import UPGRADE_SUFFIX, make_images  # noqa: PLC0415
     from gpufleet.runner import deploy, rollback  # noqa: PLC0415  (imports ansible)
 
     inventory = lab_dir(name) / "inventory" / "services"
@@ -216,11 +219,14 @@ def rolling(name: str, streams: int, interval: float) -> dict[str, Any]:
     values = yaml.safe_load(group_vars.read_text(encoding="utf-8"))
     tiny = next(service for service in values["gpufleet_services"] if service["name"] == "tiny")
     tiny["serving"] = {**tiny.get("serving", {}), "max_num_seqs": 8}
+    base = str(values["ray_cluster_image"])  # the lab's serving image, the fleet's
+    make_images(Lab(name), base)
+    tiny["image"] = base + UPGRADE_SUFFIX
     values["gpufleet_api_key_file"] = str(inventory / "gpufleet.apikey")
     group_vars.write_text(yaml.safe_dump(values, sort_keys=False), encoding="utf-8")
     bundle = Path(__file__).resolve().parents[1] / "dist" / "lab-bundle"  # make demo's
     runs = []
-    for label in ("max_num_seqs 8", "gpufleet rollback"):
+    for label in (f"image {tiny['image']}, max_num_seqs 8", "gpufleet rollback"):
         if label == "gpufleet rollback":  # back to the revision verify recorded before the change
             report = rollback(changed, load=streams, load_interval=interval)
         else:
@@ -254,11 +260,12 @@ def rolling_markdown(results: dict[str, Any]) -> str:
         if (a := run["availability"]) is not None
     )
     return (
-        "\n## A rolling change of tiny's 3 replicas under load (lab, CPU, tiny model)\n\n"
+        "\n## A rolling upgrade of tiny's 3 replicas under load (lab, CPU, tiny model)\n\n"
         f"{results['date']}, `benchmarks/availability.py --rolling` on the `make demo` lab: deploy() of the"
         f" serve stage with its load ({results['streams']} streams of 4-token chats to both services through"
-        f" the edge, each at most one request per {results.get('interval', 0.5)} s), a change of tiny's"
-        " `max_num_seqs` (serve and verify), then `gpufleet rollback` of it (rollback()).\n\n"
+        f" the edge, each at most one request per {results.get('interval', 0.5)} s), an upgrade of tiny to a"
+        " second image tag with a change of its `max_num_seqs` (serve and verify), then `gpufleet rollback`"
+        " of it (rollback()).\n\n"
         "| change | deploy | requests / failed | longest gap | p50/p99 before | p50/p99 during |\n"
         "| --- | --- | --- | --- | --- | --- |\n"
         + rows

@@ -46,10 +46,12 @@ FLEET_VARIABLE_DOCS: dict[str, str] = {
     "validation then accepts an image whose CUDA is newer than the driver's, on datacenter GPUs only. "
     "Default false.",
     "gpufleet_services": "The models the fleet serves, each as replicas placed on the nodes' GPUs: a list of "
-    "`{name, model: {repo, revision, dir, config}, replicas: N or auto, hosts: [nodes or groups], serving: "
-    '{vllm_service_* settings without the prefix}}` (README "Services"). Unset: the `gpufleet_model_*` and '
-    "`vllm_service_*` variables are one service with one replica over every GPU. Not yet deployed: "
-    "`gpufleet plan` and `validate` place and plan it.",
+    "`{name, model: {repo, revision, dir, config}, replicas: N or auto, hosts: [nodes or groups], image: a "
+    "Docker reference (what its replicas run, each in a container of its own; default the fleet's "
+    'ray_cluster_image), serving: {vllm_service_* settings without the prefix}}` (README "Services"). Unset: '
+    "the `gpufleet_model_*` and `vllm_service_*` variables are one service with one replica over every GPU. "
+    "`gpufleet plan` and `validate` place and plan it; deploy serves each replica behind a router per "
+    "service.",
     "gpufleet_fast_rerun": "true (the default) lets each role skip its work on a node still as its last "
     "run left it (a recorded digest of the role's inputs and the node state it manages: files, units, image "
     "IDs); false makes every role run every task, and so does GPUFLEET_FAST_RERUN=false in the environment.",
