@@ -992,6 +992,18 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
         assert len(router_workers(lab, ROUTER_PORT)) == 3
         assert requests_on_head(lab, deployment.key, "tiny", ROUTER_PORT, 3) == [200] * 3
         pids = after_stop
+        # An image no node holds: every replica's check finds it missing before any replica changes
+        absent = [{**LAB_SERVICES[0], "image": "gpufleet/no-such-image:1"}, *LAB_SERVICES[1:]]
+        missing = deploy(
+            services_inventory(deployment.inventory, tmp_path / "missing", absent, key, more),
+            bundle=deployment.bundle,
+            stages=["serve"],
+            rollback=False,  # nothing changed, nothing to restore
+            load=0,
+        )
+        said = failures(missing)
+        assert not missing.ok and "image 'gpufleet/no-such-image:1' not loaded on this node" in said, said
+        assert {i: main_pid(lab, placed[i][0].name, i) for i in placed} == pids
 
         # A replica killed under load (issue 36's failover): the router's health check takes tiny-2 out, no
         # request fails, systemd starts it again and it serves routed requests again
