@@ -8,6 +8,11 @@ of deployment; this sees a dropped key in a second.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -239,3 +244,70 @@ def test_a_replicas_container_takes_the_node_containers_flags_and_their_defaults
     )
     assert lab[:2] == ["--ipc=host", "--ulimit=stack=1:1"], lab
     assert "--gpus=all" in role.value(flags, **OWN)  # a GPU node by default
+
+
+FAKE_DOCKER = """#!/bin/sh
+# a docker CLI double: the node's container runs with the test's process as its init (its process table
+# is this machine's); the replica's own container is not there
+case "$1 $*" in
+  "inspect "*" gpufleet-ray") echo "true $GPUFLEET_TEST_INIT"; exit 0 ;;
+  "rm "*) exit 0 ;;
+esac
+exit 1
+"""
+
+
+def spawn(command: str, **env: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        ["sh", "-c", command], env={**os.environ, **env}, start_new_session=True, stdout=subprocess.PIPE
+    )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="reads every process's /proc/PID/environ: root")
+def test_a_replicas_stop_also_ends_its_vllm_left_in_the_nodes_container_and_nothing_else(
+    role: Role, tmp_path: Path
+) -> None:
+    """A replica upgraded from a release that ran it in the node's container (`docker exec`): its new
+    control script's stop (and start) ends the processes of that old run - the sessions of the processes
+    marked as this instance - and leaves another instance's and unmarked ones alone. The double's node
+    container is this machine's PID namespace; the instance id is unique, so no other process here carries
+    its mark."""
+    instance = f"t{os.getpid()}"
+    docker = tmp_path / "docker"
+    docker.write_text(FAKE_DOCKER)
+    docker.chmod(0o755)
+    script = tmp_path / "ctl"
+    variables = OWN | {"vllm_service_instance_id": instance, "vllm_service_docker": str(docker)}
+    script.write_text(role.render("gpufleet-vllm.sh.j2", **variables, vllm_service_stop_timeout=5))
+    script.chmod(0o755)
+    mark = {"GPUFLEET_VLLM_SERVICE": f"gpufleet-vllm@{instance}"}
+    # this instance's old run: its marked server and, in its session, a child without the mark (vLLM's engine)
+    mine = spawn("env -u GPUFLEET_VLLM_SERVICE sleep 302 & echo $!; exec sleep 301", **mark)
+    other = spawn("exec sleep 303", GPUFLEET_VLLM_SERVICE=f"gpufleet-vllm@{instance}x")
+    unmarked = spawn("exec sleep 304")
+    assert mine.stdout is not None
+    child = int(mine.stdout.readline())
+    try:
+        done = subprocess.run(
+            [str(script), "stop"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env={**os.environ, "GPUFLEET_TEST_INIT": str(os.getpid())},
+        )
+        assert done.returncode == 0, done.stderr
+        assert mine.wait(timeout=10) is not None
+        with pytest.raises(ProcessLookupError):
+            for _ in range(20):  # the child is the init's to reap: gone, or a zombie for a moment
+                os.kill(child, 0)
+                if Path(f"/proc/{child}/stat").read_text().split(") ")[1][0] in "ZX":
+                    raise ProcessLookupError
+                time.sleep(0.1)
+        assert other.poll() is None and unmarked.poll() is None
+    finally:
+        for process in (mine, other, unmarked):
+            process.kill()
+            process.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, 9)
