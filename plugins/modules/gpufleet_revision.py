@@ -49,7 +49,7 @@ options:
     description:
       - State record. Names the model's kept links (C(<dir>@OWNER@current)) for an instance that shares
         the model directory with others on the node (replicas of services), so that one's rotation never
-        moves another's, and its image tags (C(gpufleet/revision:OWNER-current), C(OWNER-previous)): the
+        moves another's, and its image tags (C(gpufleet/revision:OWNER-current), C(OWNER-previous)), as the
         replicas of a node may run different images.
   docker: {type: str, default: docker, description: The docker CLI.}
 """
