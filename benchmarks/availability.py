@@ -244,6 +244,9 @@ def rolling(name: str, streams: int, interval: float) -> dict[str, Any]:
                 "ok": report.ok,
                 "seconds": report.seconds,
                 "availability": seen.model_dump() if seen is not None else None,
+                # why a run failed, in the report's words (the first lines of each failure)
+                "failures": [f"{f.host} {f.task}: {f.message[:400]}" for f in report.failures][:4],
+                "stages": {stage.name: round(stage.seconds, 1) for stage in report.stages},
             }
         )
     shutil.rmtree(changed, ignore_errors=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -224,6 +225,31 @@ def test_a_replica_runs_its_image_by_id_in_a_container_of_its_own(role: Role) ->
     assert f"VLLM_API_KEY={KEY}\n" in env and "VLLM_HOST_IP=10.0.0.1\n" in env
 
 
+def test_a_replica_on_one_device_runs_vllms_own_in_process_executor(role: Role) -> None:
+    """One device needs no executor: a replica at TP 1 renders no distributed-executor-backend (vLLM runs its
+    worker in its engine's process, one process less); two devices of its node take mp; the one instance
+    before services keeps the mp executor it always had (its node settings too)."""
+    backend = "{{ __vllm_service_backend }}"
+    assert role.value(backend, **OWN) == "uni"
+    assert role.value(backend, **OWN, vllm_service_tensor_parallel_size=2) == "mp"
+    replica_only = ("vllm_service_nodes", "vllm_service_own_container")
+    one_instance = {k: v for k, v in OWN.items() if k not in replica_only}
+    assert role.value(backend, **one_instance) == "mp"
+
+
+def test_a_replicas_vllm_caches_outlive_its_container(role: Role) -> None:
+    """Its container is removed on every stop (`docker run --rm`): vLLM's caches (torch.compile's artifacts,
+    the model inspection) and Triton's live in a directory of the instance on the node, mounted read-write,
+    so a restarted replica does not compile again; the node's container keeps its own (it is not removed)."""
+    start = own_start(role.render("gpufleet-vllm.sh.j2", **OWN))
+    cache = "/var/cache/gpufleet/vllm/tiny-0"
+    assert f"--volume={cache}:{cache} " in start
+    env = role.render("vllm.env.j2", **OWN)
+    assert f"VLLM_CACHE_ROOT={cache}\n" in env and f"TRITON_CACHE_DIR={cache}/triton\n" in env
+    shared = {**OWN, "vllm_service_own_container": False}
+    assert "VLLM_CACHE_ROOT" not in role.render("vllm.env.j2", **shared)
+
+
 def test_a_replica_in_its_own_container_does_not_restart_with_the_nodes_container(role: Role) -> None:
     own = role.render("vllm-instance.conf.j2", **OWN)
     assert "Requires=docker.service\n" in own and "PartOf" not in own and "gpufleet-ray" not in own
@@ -313,3 +339,48 @@ def test_a_replicas_stop_also_ends_its_vllm_left_in_the_nodes_container_and_noth
             process.wait()
         with contextlib.suppress(ProcessLookupError):
             os.kill(child, 9)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="reads every process's /proc/PID/environ: root")
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to tell a bound process")
+def test_a_stopped_process_bound_to_one_core_may_exit_on_every_core(role: Role, tmp_path: Path) -> None:
+    """vLLM's CPU build binds its workers to one core: stopped there among busy workers, one took minutes to
+    exit (its container could not be removed meanwhile). The stop lets every thread of a process it stops run
+    on each CPU of the node before it signals it: here a marked process that ignores SIGTERM, bound to CPU 0,
+    is unbound while the stop waits out its timeout, then killed."""
+    instance = f"b{os.getpid()}"
+    docker = tmp_path / "docker"
+    docker.write_text(FAKE_DOCKER)
+    docker.chmod(0o755)
+    script = tmp_path / "ctl"
+    variables = OWN | {"vllm_service_instance_id": instance, "vllm_service_docker": str(docker)}
+    script.write_text(role.render("gpufleet-vllm.sh.j2", **variables, vllm_service_stop_timeout=5))
+    script.chmod(0o755)
+    everywhere = os.sched_getaffinity(0)
+    bound = subprocess.Popen(
+        ["sh", "-c", "trap '' TERM; while :; do sleep 0.2; done"],
+        env={**os.environ, "GPUFLEET_VLLM_SERVICE": f"gpufleet-vllm@{instance}"},
+        start_new_session=True,
+        preexec_fn=lambda: os.sched_setaffinity(0, {min(everywhere)}),  # noqa: PLW1509 (no threads here)
+    )
+    stopping = subprocess.Popen(
+        [str(script), "stop"],
+        env={**os.environ, "GPUFLEET_TEST_INIT": str(os.getpid())},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert os.sched_getaffinity(bound.pid) == {min(everywhere)}
+        seen = set()
+        for _ in range(40):  # within the stop's 5 s of SIGTERM, before its SIGKILL
+            seen = os.sched_getaffinity(bound.pid)
+            if seen == everywhere:
+                break
+            time.sleep(0.1)
+        assert seen == everywhere, seen
+        assert stopping.wait(timeout=60) == 0
+        assert bound.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        for process in (bound, stopping):
+            process.kill()
+            process.wait()
