@@ -285,6 +285,18 @@ exit 1
 """
 
 
+def ctl_beside_a_docker_double(role: Role, tmp_path: Path, instance: str) -> Path:
+    """The control script of replica ``instance`` (stop timeout 5 s), its docker the double above."""
+    docker = tmp_path / "docker"
+    docker.write_text(FAKE_DOCKER)
+    docker.chmod(0o755)
+    script = tmp_path / "ctl"
+    variables = OWN | {"vllm_service_instance_id": instance, "vllm_service_docker": str(docker)}
+    script.write_text(role.render("gpufleet-vllm.sh.j2", **variables, vllm_service_stop_timeout=5))
+    script.chmod(0o755)
+    return script
+
+
 def spawn(command: str, **env: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         ["sh", "-c", command], env={**os.environ, **env}, start_new_session=True, stdout=subprocess.PIPE
@@ -301,13 +313,7 @@ def test_a_replicas_stop_also_ends_its_vllm_left_in_the_nodes_container_and_noth
     container is this machine's PID namespace; the instance id is unique, so no other process here carries
     its mark."""
     instance = f"t{os.getpid()}"
-    docker = tmp_path / "docker"
-    docker.write_text(FAKE_DOCKER)
-    docker.chmod(0o755)
-    script = tmp_path / "ctl"
-    variables = OWN | {"vllm_service_instance_id": instance, "vllm_service_docker": str(docker)}
-    script.write_text(role.render("gpufleet-vllm.sh.j2", **variables, vllm_service_stop_timeout=5))
-    script.chmod(0o755)
+    script = ctl_beside_a_docker_double(role, tmp_path, instance)
     mark = {"GPUFLEET_VLLM_SERVICE": f"gpufleet-vllm@{instance}"}
     # this instance's old run: its marked server and, in its session, a child without the mark (vLLM's engine)
     mine = spawn("env -u GPUFLEET_VLLM_SERVICE sleep 302 & echo $!; exec sleep 301", **mark)
@@ -349,13 +355,7 @@ def test_a_stopped_process_bound_to_one_core_may_exit_on_every_core(role: Role, 
     on each CPU of the node before it signals it: here a marked process that ignores SIGTERM, bound to CPU 0,
     is unbound while the stop waits out its timeout, then killed."""
     instance = f"b{os.getpid()}"
-    docker = tmp_path / "docker"
-    docker.write_text(FAKE_DOCKER)
-    docker.chmod(0o755)
-    script = tmp_path / "ctl"
-    variables = OWN | {"vllm_service_instance_id": instance, "vllm_service_docker": str(docker)}
-    script.write_text(role.render("gpufleet-vllm.sh.j2", **variables, vllm_service_stop_timeout=5))
-    script.chmod(0o755)
+    script = ctl_beside_a_docker_double(role, tmp_path, instance)
     everywhere = os.sched_getaffinity(0)
     bound = subprocess.Popen(
         ["sh", "-c", "trap '' TERM; while :; do sleep 0.2; done"],
