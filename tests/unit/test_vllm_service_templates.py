@@ -9,6 +9,7 @@ of deployment; this sees a dropped key in a second.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -285,13 +286,14 @@ exit 1
 """
 
 
-def ctl_beside_a_docker_double(role: Role, tmp_path: Path, instance: str) -> Path:
-    """The control script of replica ``instance`` (stop timeout 5 s), its docker the double above."""
+def ctl_beside_a_docker_double(role: Role, tmp_path: Path, instance: str, **more: Any) -> Path:
+    """The control script of replica ``instance`` (stop timeout 5 s; ``more`` variables last), its docker the
+    double above."""
     docker = tmp_path / "docker"
     docker.write_text(FAKE_DOCKER)
     docker.chmod(0o755)
     script = tmp_path / "ctl"
-    variables = OWN | {"vllm_service_instance_id": instance, "vllm_service_docker": str(docker)}
+    variables = OWN | {"vllm_service_instance_id": instance, "vllm_service_docker": str(docker)} | more
     script.write_text(role.render("gpufleet-vllm.sh.j2", **variables, vllm_service_stop_timeout=5))
     script.chmod(0o755)
     return script
@@ -384,3 +386,46 @@ def test_a_stopped_process_bound_to_one_core_may_exit_on_every_core(role: Role, 
         for process in (bound, stopping):
             process.kill()
             process.wait()
+
+
+NVIDIA_SMI = """#!/bin/sh
+# an nvidia-smi double: one compute process, the test's, holding 1234 MiB
+echo "$GPUFLEET_TEST_GPU_PID, 1234, sleep"
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="reads every process's /proc/PID/environ: root")
+def test_procs_names_gpu_memory_held_by_a_process_outside_the_service(role: Role, tmp_path: Path) -> None:
+    """`procs` of an instance in the node's container: GPU memory that nvidia-smi shows held by a process in
+    that container outside the instance's service is listed with its PID, MiB and command (nvidia-smi and
+    docker are doubles; the double's node container is this machine's PID namespace)."""
+    instance = f"g{os.getpid()}"
+    script = ctl_beside_a_docker_double(role, tmp_path, instance, vllm_service_own_container=False)
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text(NVIDIA_SMI)
+    smi.chmod(0o755)
+    holder = spawn("exec sleep 305")
+    try:
+        done = subprocess.run(
+            [str(script), "procs"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env={
+                **os.environ,
+                "PATH": f"{smi.parent}:{os.environ['PATH']}",
+                "GPUFLEET_TEST_INIT": str(os.getpid()),
+                "GPUFLEET_TEST_GPU_PID": str(holder.pid),
+            },
+        )
+        assert done.returncode == 0, done.stderr
+        found = json.loads(done.stdout)
+        assert found["gpu"]["checked"], found["gpu"]
+        assert found["gpu"]["outside"] == [
+            {"pid": holder.pid, "mib": 1234, "cmd": "sleep 305", "in_container": True}
+        ], found["gpu"]
+    finally:
+        holder.kill()
+        holder.wait()
