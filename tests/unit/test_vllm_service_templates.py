@@ -299,6 +299,18 @@ def ctl_beside_a_docker_double(role: Role, tmp_path: Path, instance: str, **more
     return script
 
 
+def run_ctl(script: Path, action: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``script ACTION`` run to its end, its docker double's node container this machine's PID namespace."""
+    return subprocess.run(
+        [str(script), action],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "GPUFLEET_TEST_INIT": str(os.getpid()), **env},
+    )
+
+
 def spawn(command: str, **env: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         ["sh", "-c", command], env={**os.environ, **env}, start_new_session=True, stdout=subprocess.PIPE
@@ -324,14 +336,7 @@ def test_a_replicas_stop_also_ends_its_vllm_left_in_the_nodes_container_and_noth
     assert mine.stdout is not None
     child = int(mine.stdout.readline())
     try:
-        done = subprocess.run(
-            [str(script), "stop"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-            env={**os.environ, "GPUFLEET_TEST_INIT": str(os.getpid())},
-        )
+        done = run_ctl(script, "stop")
         assert done.returncode == 0, done.stderr
         assert mine.wait(timeout=10) is not None
         with pytest.raises(ProcessLookupError):
@@ -407,18 +412,11 @@ def test_procs_names_gpu_memory_held_by_a_process_outside_the_service(role: Role
     smi.chmod(0o755)
     holder = spawn("exec sleep 305")
     try:
-        done = subprocess.run(
-            [str(script), "procs"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-            env={
-                **os.environ,
-                "PATH": f"{smi.parent}:{os.environ['PATH']}",
-                "GPUFLEET_TEST_INIT": str(os.getpid()),
-                "GPUFLEET_TEST_GPU_PID": str(holder.pid),
-            },
+        done = run_ctl(
+            script,
+            "procs",
+            PATH=f"{smi.parent}:{os.environ['PATH']}",
+            GPUFLEET_TEST_GPU_PID=str(holder.pid),
         )
         assert done.returncode == 0, done.stderr
         found = json.loads(done.stdout)
