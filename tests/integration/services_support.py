@@ -1,14 +1,36 @@
-"""Services on the end-to-end lab (issue 35; their inventory: gpufleet.lab.inventory.services_inventory):
-requests sent on the head through a service's router, and what each replica's vLLM counted."""
+"""What the two deployed-lab files (test_e2e.py: one instance; test_services.py: services, issue 35) check
+alike: requests sent on the head through a service's router and what each replica's vLLM counted, the
+instances' units, revisions and images, the routers' and the edge's ports, the lab's Prometheus and the
+dashboards' queries. The services' inventory: gpufleet.lab.inventory.services_inventory."""
 
 from __future__ import annotations
 
 import json
 import logging
+import math
+import re
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from typing import Any
 
+from tests.monitoring_assets import dashboards, metric_names, panel_queries
+
+from gpufleet.lab.upgrade import BROKEN_SUFFIX, UPGRADE_SUFFIX
+
 LOG = logging.getLogger("gpufleet.tests.services")
+
+ROUTER_PORT = 8200  # a service's vllm-router on the head's loopback (the next service's: 8201)
+EDGE_PORT = 8080  # the gateway's edge on the head, beside the one instance's vLLM on 8000
+PROMETHEUS_PORT = 9090
+SERVICES_DASHBOARD = "gpufleet-services.json"  # its panels need services (test_services.py)
+# Upgrades and rollbacks (issue 14): a second tag of the lab image, then a broken one. Both are made on the
+# head from the lab image and loaded on the workers (gpufleet.lab.upgrade.make_images: only their small parts
+# travel), so every node has the same image IDs.
+IMAGE = "gpufleet/vllm-cpu:0.32.0"
+UPGRADE = IMAGE + UPGRADE_SUFFIX
+BROKEN = IMAGE + BROKEN_SUFFIX
 
 
 class Laps:
@@ -116,3 +138,100 @@ def router_failures(lab: Any, service: str) -> dict[str, int]:
     assert done.returncode == 0, done.stderr
     counted: dict[str, int] = json.loads(done.stdout)
     return counted
+
+
+def replica_images(lab: Any, placed: dict[str, tuple[Any, int]]) -> dict[str, str]:
+    """The image ID each replica's own container runs (gpufleet-vllm-ID)."""
+    ask = ["docker", "inspect", "--format", "{{.Image}}"]
+    return {
+        i: lab.ssh(host.name, [*ask, f"gpufleet-vllm-{i}"]).stdout.strip() for i, (host, _) in placed.items()
+    }
+
+
+def post_json(url: str, key: str | None, body: dict[str, Any]) -> int:
+    """POST a JSON body (with the key, when given) from this machine: the HTTP status, 0 for no answer."""
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    request = urllib.request.Request(url, json.dumps(body).encode(), headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:  # the lab network only
+            answer.read()
+            return int(answer.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+    except OSError:
+        return 0
+
+
+def replica_revision(lab: Any, host: str, instance: str, slot: str) -> dict[str, Any] | None:
+    """What an instance keeps in a revision slot (current, previous), or None."""
+    read = lab.ssh(host, ["cat", f"/var/lib/gpufleet/revisions/{instance}/{slot}/revision.json"])
+    return json.loads(read.stdout) if read.returncode == 0 else None
+
+
+def main_pid(lab: Any, host: str, instance: str) -> str:
+    """The MainPID systemd gives an instance's unit ("0" when it is not running)."""
+    unit = f"gpufleet-vllm@{instance}.service"
+    return str(lab.ssh(host, ["systemctl", "show", "-P", "MainPID", unit]).stdout.strip())
+
+
+def requests_on_head(lab: Any, key: str | None, model: str, port: int, count: int) -> list[int]:
+    """``count`` chat completions through the router on the head's ``port``, one after another: statuses."""
+    head = lab.inventory.hosts[0]
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    request = json.dumps({"key": key, "url": url, "model": model, "count": count})
+    done = lab.lab.ssh(head.name, ["python3", "-c", REQUESTS_ON_HEAD], stdin=request, timeout=600)
+    assert done.returncode == 0, done.stderr
+    statuses: list[int] = json.loads(done.stdout)
+    return statuses
+
+
+def ray_started(lab: Any) -> dict[str, str]:
+    """When each host's Ray container unit last became active (changes with every restart of it)."""
+    ask = ["systemctl", "show", "--property=ActiveEnterTimestampMonotonic", "--value", "gpufleet-ray.service"]
+    return {host: lab.ssh(host, ask).stdout.strip() for host in lab.hosts}
+
+
+# ----- the lab's Prometheus (the optional monitoring stage, on in both files' deploys)
+
+
+def prometheus(head_ip: str, path: str, **params: str) -> Any:
+    """The data of a Prometheus API answer on the head (asserting success)."""
+    url = f"http://{head_ip}:{PROMETHEUS_PORT}{path}" + (
+        f"?{urllib.parse.urlencode(params)}" if params else ""
+    )
+    with urllib.request.urlopen(url, timeout=30) as response:  # the lab network only
+        body = json.loads(response.read())
+    assert body["status"] == "success", body
+    return body["data"]
+
+
+def all_queries(only: frozenset[str] | None = None) -> list[tuple[str, str]]:
+    """(panel title, query as Grafana sends it) of every panel (of the dashboards ``only`` names): interval
+    macros and each query variable at its "All" value filled in."""
+    queries = []
+    for file, dashboard in dashboards().items():
+        if only is not None and file not in only:
+            continue
+        listed = dashboard.get("templating", {}).get("list", [])
+        variables = [variable["name"] for variable in listed if variable["type"] == "query"]
+        for title, panel_expr in panel_queries(dashboard):
+            expr = panel_expr
+            for macro, value in (("$__rate_interval", "1m"), ("$__interval", "15s"), ("$__range", "5m")):
+                expr = expr.replace(macro, value)
+            for name in variables:
+                expr = re.sub(rf"\$\{{?{name}(:\w+)?\}}?(?!\w)", ".*", expr)
+            queries.append((title, expr))
+    return queries
+
+
+def empty_panels(head_ip: str, only: frozenset[str]) -> list[str]:
+    """The panels of these dashboards whose query the lab's Prometheus answers with no finite value."""
+    empty = []
+    for title, expr in all_queries(only):
+        result = prometheus(head_ip, "/api/v1/query", query=expr)["result"]
+        if any(name.startswith("DCGM_") for name in metric_names(expr)):
+            continue  # accepted by Prometheus (prometheus() asserts success); no GPU in the lab to give data
+        values = [float(sample["value"][1]) for sample in result]
+        if not any(math.isfinite(value) for value in values):
+            empty.append(f"{title}: {expr} -> {values}")
+    return empty

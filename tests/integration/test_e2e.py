@@ -19,7 +19,6 @@ from __future__ import annotations
 import base64
 import http.client
 import json
-import math
 import re
 import shutil
 import socket
@@ -45,15 +44,26 @@ from migration_support import (
     previous_release,
     serve_with,
 )
-from services_support import REQUESTS_ON_HEAD, Laps, procs, router_failures, router_workers, served_on_head
-from tests.monitoring_assets import ALERT_NAMES, dashboards, metric_names, panel_queries, render_rules
+from services_support import (
+    BROKEN,
+    EDGE_PORT,
+    IMAGE,
+    PROMETHEUS_PORT,
+    ROUTER_PORT,
+    SERVICES_DASHBOARD,
+    UPGRADE,
+    all_queries,
+    empty_panels,
+    prometheus,
+    ray_started,
+    replica_revision,
+)
+from tests.monitoring_assets import ALERT_NAMES, dashboards, metric_names, render_rules
 
-from gpufleet.lab.demo import PROMPT, api_key_file, chat, lab_plan, listed_models, route_to_bridge
-from gpufleet.lab.inventory import DEMO_SERVICES, services_inventory
+from gpufleet.lab.demo import PROMPT, api_key_file, chat, lab_plan, route_to_bridge
 from gpufleet.lab.net import outbound_drops
-from gpufleet.lab.upgrade import BROKEN_MESSAGE, BROKEN_SUFFIX, UPGRADE_SUFFIX, image_id, make_images
-from gpufleet.runner import STAGES, DeployReport, deploy, rollback, status, teardown
-from gpufleet.runner.availability import LoadMeter
+from gpufleet.lab.upgrade import BROKEN_MESSAGE, image_id, make_images
+from gpufleet.runner import STAGES, DeployReport, deploy, status, teardown
 from gpufleet.vllm_log import compare
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -414,7 +424,6 @@ def test_vllms_facts_match_the_plan_within_ten_percent(deployment: Deployment) -
 
 
 # ----- monitoring (the optional stage, on in these deploys): Prometheus on the head, node_exporter everywhere
-PROMETHEUS_PORT = 9090
 # Queried by the dashboards as fallbacks for older vLLM releases, absent from the lab's (current) vLLM.
 LEGACY_VLLM_NAMES = {
     "vllm:gpu_cache_usage_perc",
@@ -423,41 +432,9 @@ LEGACY_VLLM_NAMES = {
 }
 
 
-SERVICES_DASHBOARD = "gpufleet-services.json"  # its panels need services (tested with them, below)
-
-
-def all_queries(only: frozenset[str] | None = None) -> list[tuple[str, str]]:
-    """(panel title, query as Grafana sends it) of every panel (of the dashboards ``only`` names): interval
-    macros and each query variable at its "All" value filled in."""
-    queries = []
-    for file, dashboard in dashboards().items():
-        if only is not None and file not in only:
-            continue
-        listed = dashboard.get("templating", {}).get("list", [])
-        variables = [variable["name"] for variable in listed if variable["type"] == "query"]
-        for title, panel_expr in panel_queries(dashboard):
-            expr = panel_expr
-            for macro, value in (("$__rate_interval", "1m"), ("$__interval", "15s"), ("$__range", "5m")):
-                expr = expr.replace(macro, value)
-            for name in variables:
-                expr = re.sub(rf"\$\{{?{name}(:\w+)?\}}?(?!\w)", ".*", expr)
-            queries.append((title, expr))
-    return queries
-
-
 def rule_exprs() -> list[str]:
     groups = yaml.safe_load(render_rules({}))["groups"]
     return [str(rule["expr"]) for group in groups for rule in group["rules"]]
-
-
-def prometheus(head_ip: str, path: str, **params: str) -> Any:
-    url = f"http://{head_ip}:{PROMETHEUS_PORT}{path}" + (
-        f"?{urllib.parse.urlencode(params)}" if params else ""
-    )
-    with urllib.request.urlopen(url, timeout=30) as response:  # the lab network only
-        body = json.loads(response.read())
-    assert body["status"] == "success", body
-    return body["data"]
 
 
 def test_prometheus_reports_every_target_up_on_the_cluster_address(
@@ -527,19 +504,6 @@ def test_every_dashboard_query_returns_data_from_the_lab_prometheus(
         assert chat(f"http://{head.ip}:8000/v1", deployment.key, "tiny", prompt)[0] == 200
     time.sleep(2 * 5 + 2)  # two scrapes (the lab scrapes every 5 s) so that rate() sees the requests
     assert empty_panels(head.ip, frozenset(dashboards()) - {SERVICES_DASHBOARD}) == []
-
-
-def empty_panels(head_ip: str, only: frozenset[str]) -> list[str]:
-    """The panels of these dashboards whose query the lab's Prometheus answers with no finite value."""
-    empty = []
-    for title, expr in all_queries(only):
-        result = prometheus(head_ip, "/api/v1/query", query=expr)["result"]
-        if any(name.startswith("DCGM_") for name in metric_names(expr)):
-            continue  # accepted by Prometheus (prometheus() asserts success); no GPU in the lab to give data
-        values = [float(sample["value"][1]) for sample in result]
-        if not any(math.isfinite(value) for value in values):
-            empty.append(f"{title}: {expr} -> {values}")
-    return empty
 
 
 GRAFANA_DOUBLE = "gpufleet/grafana-double:lab"
@@ -628,8 +592,6 @@ def test_a_killed_server_leaves_no_orphan_and_the_restarted_one_is_alone(
 
 # ----- the gateway's routers (issue 35): vllm-router per service on the head, in front of the deployed vLLM
 
-ROUTER_PORT = 8200
-EDGE_PORT = 8080  # the gateway's edge on the head, beside the deployment's own instance on 8000
 # On the head: lab.demo.chat through the router on loopback (the key on stdin: never in an argv or a log)
 CHAT_ON_HEAD = """
 import json, sys, urllib.error, urllib.request
@@ -747,412 +709,12 @@ def test_the_gateway_routes_to_vllm_with_the_key_restarts_and_is_removed(
     assert lab.ssh(head.name, ["test", "-e", "/etc/gpufleet/gateway/tiny.json"]).returncode != 0
 
 
-# ----- services (issue 35): each replica the planner placed is its own instance, behind a router per service
-
-LAB_SERVICES = DEMO_SERVICES  # make demo's: tiny as 3 replicas (one per host), tiny-chat on the head
-# The load of the availability checks: one stream, at most one request per 2 s. On the lab's 2 cores a denser
-# load slows what it measures: vLLM's CPU workers busy-poll for 1 s after every step they run (shm_broadcast's
-# SpinCondition), so at deploy()'s default pace (0.5 s) tiny's 3 workers took a core between them and a
-# replica started in 86 s instead of 21-25 s (35 s at 2 s; benchmarks/results/availability.md).
-LAB_LOAD_INTERVAL = 2.0
-
-
-def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_service(
-    lab: RunningLab, deployment: Deployment, upgrade_images: dict[str, str], tmp_path: Path
-) -> None:
-    """A whole deploy() (monitoring on) of an inventory of the lab's hosts that lists two services: each
-    replica the planner placed runs as its own unit, port and container on its node (node1 holds tiny-0,
-    tiny-chat-0 and the deployment's own instance, in the node's container), and the report lists them; both
-    services answer by name through their routers, and 60 requests to tiny reach each of its 3 replicas at
-    least 10 times (round robin); no key gets a 401; the replicas' ports refuse this machine (they answer the
-    gateway host only); the edge answers this machine for both services by name, 401 without the key, 404 for
-    an unknown model and lists both models; `status` lists every replica ready, both services up and the edge
-    answering; Prometheus scrapes every replica, router and the edge, and each panel of the services dashboard
-    has data; tiny, deployed first as 2 replicas, raised to 3, changes only node3 (the new replica) and the
-    head (tiny's router): node2 changes nothing and no replica that was there restarts; a second whole deploy
-    changes nothing and takes the fast path (only verify runs); the whole deploy recorded one fleet revision
-    on every replica and a rollback without a previous one is refused naming them; a rolling upgrade of tiny
-    to a second image tag (and a setting) under load fails no request and leaves tiny-chat-0 and the node's
-    container alone, and `gpufleet rollback` rolls it back the same way; an image that exits at start stops
-    the change at tiny-0, restored, the others untouched; a replica killed under load comes back; stopping one
-    replica leaves the other instances of its node running (no instance counts another's processes as its
-    orphans), and `status` then names it and says its service is down; a deploy with fewer replicas and
-    without tiny-chat stops and removes tiny-2, tiny-chat-0 and tiny-chat's router."""
-    key = api_key_file(deployment.inventory)
-    # the edge's port: the deployment's own instance keeps 8000 on the head
-    # systemd starts an exited replica again after 3 s (15 by default): a killed one, or one that cannot start
-    more = {"gpufleet_monitoring": True, "gateway_edge_port": EDGE_PORT, "vllm_service_restart_sec": 3}
-    inventory = services_inventory(deployment.inventory, tmp_path / "services", LAB_SERVICES, key, more)
-    two = [{**LAB_SERVICES[0], "replicas": 2}, *LAB_SERVICES[1:]]  # tiny-0, tiny-1 (node1, node2)
-    before_raise = services_inventory(deployment.inventory, tmp_path / "two", two, key, more)
-    head, *_ = hosts = lab.inventory.hosts
-    placed = {"tiny-0": (hosts[0], 8100), "tiny-1": (hosts[1], 8100), "tiny-2": (hosts[2], 8100)}
-    placed["tiny-chat-0"] = (head, 8101)
-    kept = ("tiny-0", "tiny-1", "tiny-chat-0")
-    chat_router = ["systemctl", "show", "-P", "MainPID", "gpufleet-router@tiny-chat.service"]
-    tiny_router_pid = ["systemctl", "show", "-P", "MainPID", "gpufleet-router@tiny.service"]
-    laps = Laps()
-    # every deploy's own load through the edge at the lab's pace (deploy()'s default, 2 streams each a request
-    # per 0.5 s, kept every vLLM worker spinning: the replica raised to 3 took 169 s to serve instead of ~60)
-    paced = {"load": 1, "load_interval": LAB_LOAD_INTERVAL}
-    try:
-        started = deploy(before_raise, bundle=deployment.bundle, stages=["serve"], **paced)
-        assert started.ok, failures(started)
-        laps.lap("serve tiny x2 and tiny-chat", started)
-        assert sorted(r.id for r in started.replicas) == sorted(kept)
-        pids = {instance: main_pid(lab, placed[instance][0].name, instance) for instance in kept}
-        router = lab.ssh(head.name, chat_router).stdout
-        tiny_router = lab.ssh(head.name, tiny_router_pid).stdout
-
-        report = deploy(inventory, bundle=deployment.bundle, **paced)  # whole: it records the fleet stamp
-        assert report.ok, failures(report)
-        laps.lap("whole deploy, tiny raised to 3", report)
-        (serve,) = [stage for stage in report.stages if stage.name == "serve"]
-        raised = {h.host: h.changed for h in serve.hosts}  # the new replica's node, tiny's router's
-        assert raised[hosts[1].name] == 0 and raised[hosts[2].name] > 0 and raised[head.name] > 0, raised
-        assert {instance: main_pid(lab, placed[instance][0].name, instance) for instance in kept} == pids
-        assert lab.ssh(head.name, chat_router).stdout == router
-        # tiny's router took the new replica live: not restarted, it holds all three
-        assert lab.ssh(head.name, tiny_router_pid).stdout == tiny_router
-        urls = {instance: f"http://{host.ip}:{port}" for instance, (host, port) in placed.items()}
-        assert router_workers(lab, ROUTER_PORT) == sorted(urls[f"tiny-{index}"] for index in range(3))
-        for instance, (host, port) in placed.items():
-            unit = f"gpufleet-vllm@{instance}.service"
-            assert lab.ssh(host.name, ["systemctl", "is-active", unit]).stdout.strip() == "active", unit
-            assert (
-                f"port: {port}"
-                in lab.ssh(host.name, ["cat", f"/etc/gpufleet/instances/{instance}/vllm.yaml"]).stdout
-            )
-
-        before = served_on_head(lab, urls)
-        statuses = requests_on_head(lab, deployment.key, "tiny", ROUTER_PORT, 60)
-        assert statuses == [200] * 60, statuses
-        counted = {instance: n - before[instance] for instance, n in served_on_head(lab, urls).items()}
-        assert counted["tiny-chat-0"] == 0 and sum(counted.values()) == 60, counted
-        assert min(counted[f"tiny-{index}"] for index in range(3)) >= 10, counted
-        assert requests_on_head(lab, deployment.key, "tiny-chat", ROUTER_PORT + 1, 2) == [200, 200]
-        assert served_on_head(lab, urls)["tiny-chat-0"] - before["tiny-chat-0"] == 2
-        assert requests_on_head(lab, None, "tiny", ROUTER_PORT, 1) == [401]
-        # the edge, from this machine as a client: both services by name, the key at the door, unknown models
-        edge = f"http://{head.ip}:{EDGE_PORT}/v1"
-        assert report.endpoint == edge
-        assert [chat(edge, deployment.key, model, "Hi")[0] for model in ("tiny", "tiny-chat")] == [200, 200]
-        assert chat(edge, None, "tiny", "Hi")[0] == 401 and chat(edge, "wrong", "tiny", "Hi")[0] == 401
-        assert chat(edge, deployment.key, "no-such-model", "Hi")[0] == 404
-        assert listed_models(edge, deployment.key) == (200, ["tiny", "tiny-chat"])
-        # the routers' own endpoints never reach the network, not even with the key and a model in the body
-        removal = f"{edge.removesuffix('/v1')}/remove_worker?url={urllib.parse.quote(urls['tiny-1'])}"
-        assert post_json(removal, deployment.key, {"model": "tiny"}) == 404
-        assert len(router_workers(lab, ROUTER_PORT)) == 3
-        up = status(inventory)  # every replica on its node, ready, and each service up
-        assert up.ok and up.vllm_ready, up.problems
-        assert sorted((r.id, r.node, r.unit, r.ready) for r in up.replicas) == sorted(
-            (instance, host.name, "active", True) for instance, (host, _) in placed.items()
-        )
-        assert up.services == {"tiny": "up", "tiny-chat": "up"}
-        assert up.edge is not None and (up.edge.url, up.edge.status, up.edge.models) == (
-            edge,
-            200,
-            ("tiny", "tiny-chat"),
-        )
-        # Prometheus scrapes every replica (labelled with its service and replica), both routers and the edge;
-        # every panel of the services dashboard has data after the traffic above (status took over 2 scrapes)
-        targets = prometheus(head.ip, "/api/v1/targets", state="active")["activeTargets"]
-        scraped = {
-            (t["labels"]["job"], t["labels"].get("replica") or t["labels"].get("service")): t
-            for t in targets
-            if t["labels"]["job"] in ("vllm", "router", "edge")
-        }
-        assert set(scraped) == {
-            *(("vllm", instance) for instance in placed),
-            ("router", "tiny"),
-            ("router", "tiny-chat"),
-            ("edge", None),
-        }
-        assert all(target["health"] == "up" for target in scraped.values()), scraped
-        assert empty_panels(head.ip, frozenset({SERVICES_DASHBOARD})) == []
-        for host, port in placed.values():  # the replicas answer the gateway host (above), not this machine
-            with pytest.raises(OSError):
-                socket.create_connection((host.ip, port), timeout=5).close()
-
-        laps.lap("requests, edge, status, Prometheus")
-        again = deploy(inventory, bundle=deployment.bundle, **paced)  # fast path: nodes in sync, verify runs
-        assert again.ok and again.changed == 0, failures(again) or [
-            (s.name, h.host, h.changed) for s in again.stages for h in s.hosts
-        ]
-        assert [s.name for s in again.stages if s.in_sync] == ["nodes", "artifacts", "cluster", "serve"], (
-            again.not_in_sync
-        )
-        assert again.endpoint == edge and again.verify is not None and again.verify.unauthorized_status == 401
-
-        # Revisions: the whole deploy recorded one fleet revision for every replica, none kept before it, so a
-        # rollback to the previous one is refused, naming the replicas, and changes nothing
-        current = {i: replica_revision(lab, placed[i][0].name, i, "current") for i in placed}
-        assert all(kept is not None for kept in current.values()), current
-        assert len({kept["fleet"] for kept in current.values() if kept is not None}) == 1, current
-        laps.lap("the same deploy again (fast path)", again)
-        refused = rollback(inventory)
-        assert not refused.ok and refused.failures, refused
-        assert "none for tiny-0, tiny-1, tiny-2, tiny-chat-0" in refused.failures[0].message, refused.failures
-        assert {instance: main_pid(lab, placed[instance][0].name, instance) for instance in kept} == pids
-        # A rolling upgrade (issue 36): tiny's image (a second tag of the lab image; each replica runs its
-        # image by ID in a container of its own) and a setting change on its 3 replicas, one node at a time,
-        # each drained from tiny's router, restarted, gated and put back, under a steady load through the edge
-        # (the report's availability): no request fails, tiny-chat-0, the nodes' containers and the routers do
-        # not restart, and verify records the next fleet revision on every replica, the one before kept as
-        # previous
-        tiny8 = {
-            **LAB_SERVICES[0],
-            "serving": {**LAB_SERVICES[0]["serving"], "max_num_seqs": 8},
-            "image": UPGRADE,
-        }
-        ray_before = ray_started(lab)
-        changed = services_inventory(
-            deployment.inventory, tmp_path / "changed", [tiny8, *LAB_SERVICES[1:]], key, more
-        )
-        laps.lap("a rollback refused")
-        running = {i: main_pid(lab, placed[i][0].name, i) for i in placed}
-        # drained first, no replica got a request while it restarted: tiny's router retried nothing (a request
-        # that failed on a restarting worker is retried on another, so the load alone would not show it)
-        retried = router_failures(lab, "tiny")
-        rolled = deploy(changed, bundle=deployment.bundle, stages=["serve", "verify"], **paced)
-        assert rolled.ok, failures(rolled)
-        laps.lap("a rolling change of tiny's 3 replicas under load", rolled)
-        loaded = rolled.availability
-        assert loaded is not None and loaded.answered_before and loaded.requests >= 20, loaded
-        assert loaded.failed == 0, loaded
-        assert router_failures(lab, "tiny") == retried
-        for index in range(3):
-            config = ["cat", f"/etc/gpufleet/instances/tiny-{index}/vllm.yaml"]
-            assert "max-num-seqs: 8" in lab.ssh(placed[f"tiny-{index}"][0].name, config).stdout
-        assert replica_images(lab, placed) == {
-            **{f"tiny-{index}": upgrade_images[UPGRADE] for index in range(3)},
-            "tiny-chat-0": upgrade_images[IMAGE],
-        }
-        assert ray_started(lab) == ray_before  # the nodes' containers (and the instance in node1's) stayed
-        everyone = {i: main_pid(lab, placed[i][0].name, i) for i in placed}
-        assert everyone["tiny-chat-0"] == pids["tiny-chat-0"]
-        assert all(everyone[f"tiny-{index}"] != running[f"tiny-{index}"] for index in range(3)), everyone
-        assert lab.ssh(head.name, tiny_router_pid).stdout == tiny_router
-        assert lab.ssh(head.name, chat_router).stdout == router
-        assert len(router_workers(lab, ROUTER_PORT)) == 3
-        after_change = {i: replica_revision(lab, placed[i][0].name, i, "previous") for i in placed}
-        assert {i: (r or {}).get("id") for i, r in after_change.items()} == {
-            i: (r or {}).get("id") for i, r in current.items()
-        }, after_change
-        # `gpufleet rollback` puts the one before back, rolling as the change did: tiny's replicas restart
-        # with their old files one node at a time, each drained first (no request fails, the router retried
-        # none), tiny-chat-0 does not restart, and each replica records the restored revision as current
-        retried = router_failures(lab, "tiny")
-        back = rollback(changed, **paced)
-        assert back.ok and back.rollback is not None and back.rollback.restarted, failures(back)
-        laps.lap("gpufleet rollback of it, rolling under load")
-        assert back.availability is not None and back.availability.answered_before, back.availability
-        assert back.availability.requests >= 20 and back.availability.failed == 0, back.availability
-        assert router_failures(lab, "tiny") == retried
-        assert (
-            back.rollback.revision is not None and back.rollback.revision.fleet == current["tiny-0"]["fleet"]
-        )
-        restored = {i: main_pid(lab, placed[i][0].name, i) for i in placed}
-        assert restored["tiny-chat-0"] == pids["tiny-chat-0"], restored
-        assert all(restored[f"tiny-{index}"] != everyone[f"tiny-{index}"] for index in range(3)), restored
-        tiny0_config = ["cat", "/etc/gpufleet/instances/tiny-0/vllm.yaml"]
-        assert "max-num-seqs: 8" not in lab.ssh(head.name, tiny0_config).stdout
-        assert set(replica_images(lab, placed).values()) == {upgrade_images[IMAGE]}
-        now = {i: replica_revision(lab, placed[i][0].name, i, "current") for i in placed}
-        assert {kept["fleet"] for kept in now.values() if kept is not None} == {current["tiny-0"]["fleet"]}, (
-            now
-        )
-        assert chat(edge, deployment.key, "tiny", "Hi")[0] == 200
-        pids = restored
-
-        # An upgrade to an image whose vLLM exits at start: the rolling change stops at the first replica
-        # (tiny-0, on the first node), which is restored to its current revision (its image), gated and put
-        # back; no other replica changes, no request through the edge fails, the run fails naming it
-        broken_tiny = [{**LAB_SERVICES[0], "image": BROKEN}, *LAB_SERVICES[1:]]
-        broken = services_inventory(deployment.inventory, tmp_path / "broken", broken_tiny, key, more)
-        retried = router_failures(lab, "tiny")
-        stopped = deploy(broken, bundle=deployment.bundle, stages=["serve"], **paced)
-        laps.lap("a change vLLM cannot start, stopped at tiny-0 and restored", stopped)
-        assert not stopped.ok and stopped.failed_stage == "serve", stopped
-        assert stopped.rolling is not None and (stopped.rolling.replica, stopped.rolling.restored) == (
-            "tiny-0",
-            True,
-        ), stopped.rolling
-        assert stopped.rollback is None  # the rolling change restored what it changed
-        assert "replica tiny-0 on node1" in failures(stopped) and "no replica after it" in failures(stopped)
-        assert stopped.availability is not None and stopped.availability.failed == 0, stopped.availability
-        assert router_failures(lab, "tiny") == retried  # tiny-0 was out of the router while it failed
-        after_stop = {i: main_pid(lab, placed[i][0].name, i) for i in placed}
-        assert {i: p for i, p in after_stop.items() if i != "tiny-0"} == {
-            i: p for i, p in pids.items() if i != "tiny-0"
-        }, after_stop
-        print(f"the broken image's change: {failures(stopped)}")
-        assert set(replica_images(lab, placed).values()) == {upgrade_images[IMAGE]}
-        assert len(router_workers(lab, ROUTER_PORT)) == 3
-        assert requests_on_head(lab, deployment.key, "tiny", ROUTER_PORT, 3) == [200] * 3
-        pids = after_stop
-        # An image no node holds: every replica's check finds it missing before any replica changes
-        absent = [{**LAB_SERVICES[0], "image": "gpufleet/no-such-image:1"}, *LAB_SERVICES[1:]]
-        missing = deploy(
-            services_inventory(deployment.inventory, tmp_path / "missing", absent, key, more),
-            bundle=deployment.bundle,
-            stages=["serve"],
-            rollback=False,  # nothing changed, nothing to restore
-            load=0,
-        )
-        said = failures(missing)
-        assert not missing.ok and "image 'gpufleet/no-such-image:1' not loaded on this node" in said, said
-        assert {i: main_pid(lab, placed[i][0].name, i) for i in placed} == pids
-
-        # A replica killed under load (issue 36's failover): the router's health check takes tiny-2 out, no
-        # request fails, systemd starts it again and it serves routed requests again
-        with LoadMeter(edge, key, ["tiny"], streams=1, warmup=2.0, interval=LAB_LOAD_INTERVAL) as meter:
-            victim = ["pkill", "-KILL", "-f", "serve --config /etc/gpufleet/instances/tiny-2/"]
-            killed = lab.ssh(placed["tiny-2"][0].name, victim)
-            assert killed.returncode == 0, killed.stderr
-            served: dict[str, int] = {}
-            deadline = time.monotonic() + 300
-            while time.monotonic() < deadline:  # back once tiny-2's new vLLM finished a routed request
-                try:
-                    served = served_on_head(lab, {"tiny-2": urls["tiny-2"]})
-                except AssertionError:
-                    served = {}
-                if served.get("tiny-2", 0) > 0:
-                    break
-                time.sleep(3)
-        after_kill = meter.result()
-        laps.lap("kill -9 of tiny-2 until it served again")
-        assert served.get("tiny-2", 0) > 0, "tiny-2 never served again after the kill"
-        assert after_kill.answered_before and after_kill.requests >= 10, after_kill
-        assert after_kill.failed == 0, after_kill
-        pids["tiny-2"] = main_pid(lab, placed["tiny-2"][0].name, "tiny-2")
-
-        # node1 runs all three (tiny-0 and tiny-chat-0 in their own containers, default in the node's)
-        shared = ["tiny-0", "tiny-chat-0", "default"]
-        seen = {instance: procs(lab, head.name, instance) for instance in shared}
-        assert all(seen[i]["service"] and not seen[i]["orphans"] for i in shared), seen
-        assert lab.ssh(head.name, ["systemctl", "stop", "gpufleet-vllm@tiny-chat-0.service"]).returncode == 0
-        after = {instance: procs(lab, head.name, instance) for instance in ("tiny-0", "default")}
-        assert {i: after[i]["service"] for i in after} == {i: seen[i]["service"] for i in after}, (
-            seen,
-            after,
-        )
-        assert requests_on_head(lab, deployment.key, "tiny", ROUTER_PORT, 3) == [200] * 3
-        down = status(inventory)  # the stopped replica is named, its service down, the other one up
-        assert not down.ok and down.services == {"tiny": "up", "tiny-chat": "down"}, down.problems
-        assert [(r.id, r.unit) for r in down.replicas if not r.ready] == [("tiny-chat-0", "inactive")]
-        assert "service tiny-chat: down, 0 of 1 replicas ready" in down.problems
-
-        # Fewer replicas, and a service no longer listed: the serve stage stops and removes tiny-2 (node3) and
-        # tiny-chat-0 (node1) with their files and revisions, and tiny-chat's router; tiny-0 and tiny-1 keep
-        # running, and tiny's router takes tiny-2 out live
-        fewer = [{**LAB_SERVICES[0], "replicas": 2}]
-        lowered = deploy(
-            services_inventory(deployment.inventory, tmp_path / "fewer", fewer, key, more),
-            bundle=deployment.bundle,
-            stages=["serve"],
-            **paced,
-        )
-        assert lowered.ok, failures(lowered)
-        laps.lap("status of a stopped replica; fewer replicas and tiny-chat removed", lowered)
-        assert lab.ssh(head.name, tiny_router_pid).stdout == tiny_router
-        assert router_workers(lab, ROUTER_PORT) == sorted(urls[f"tiny-{index}"] for index in range(2))
-        for instance in ("tiny-2", "tiny-chat-0"):
-            host = placed[instance][0].name
-            for path in (f"/etc/gpufleet/instances/{instance}", f"/var/lib/gpufleet/revisions/{instance}"):
-                assert lab.ssh(host, ["test", "-e", path]).returncode == 1, path
-            unit = f"gpufleet-vllm@{instance}.service"
-            assert lab.ssh(host, ["systemctl", "is-enabled", unit]).stdout.strip() != "enabled", unit
-        assert lab.ssh(
-            head.name, ["systemctl", "is-active", "gpufleet-router@tiny-chat.service"]
-        ).stdout.strip() != ("active")
-        assert {i: main_pid(lab, placed[i][0].name, i) for i in ("tiny-0", "tiny-1")} == {
-            i: pids[i] for i in ("tiny-0", "tiny-1")
-        }
-        assert requests_on_head(lab, deployment.key, "tiny", ROUTER_PORT, 4) == [200] * 4
-    finally:
-        playbook(inventory, "gateway.yml", "-e", "gateway_services=[]")
-        for instance, (host, _) in placed.items():
-            unit = f"gpufleet-vllm@{instance}.service"
-            lab.ssh(host.name, ["systemctl", "disable", "--now", unit])
-            lab.ssh(
-                host.name,
-                ["rm", "-rf", f"/etc/gpufleet/instances/{instance}", f"/etc/systemd/system/{unit}.d"],
-            )
-            lab.ssh(host.name, ["systemctl", "daemon-reload"])
-        # Prometheus back to the deployment's own targets (the one instance), for the tests after this one
-        restored = deploy(
-            deployment.inventory,
-            bundle=deployment.bundle,
-            stages=["monitoring"],
-            extra_vars={"gpufleet_monitoring": True},
-        )
-        assert restored.ok, failures(restored)
-        laps.lap("clean-up: routers, replicas, monitoring")
-
-
-def replica_images(lab: RunningLab, placed: dict[str, tuple[Any, int]]) -> dict[str, str]:
-    """The image ID each replica's own container runs (gpufleet-vllm-ID)."""
-    ask = ["docker", "inspect", "--format", "{{.Image}}"]
-    return {
-        i: lab.ssh(host.name, [*ask, f"gpufleet-vllm-{i}"]).stdout.strip() for i, (host, _) in placed.items()
-    }
-
-
-def post_json(url: str, key: str | None, body: dict[str, Any]) -> int:
-    """POST a JSON body (with the key, when given) from this machine: the HTTP status, 0 for no answer."""
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
-    request = urllib.request.Request(url, json.dumps(body).encode(), headers, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=60) as answer:  # the lab network only
-            answer.read()
-            return int(answer.status)
-    except urllib.error.HTTPError as error:
-        return int(error.code)
-    except OSError:
-        return 0
-
-
-def replica_revision(lab: RunningLab, host: str, instance: str, slot: str) -> dict[str, Any] | None:
-    """What an instance keeps in a revision slot (current, previous), or None."""
-    read = lab.ssh(host, ["cat", f"/var/lib/gpufleet/revisions/{instance}/{slot}/revision.json"])
-    return json.loads(read.stdout) if read.returncode == 0 else None
-
-
-def main_pid(lab: RunningLab, host: str, instance: str) -> str:
-    """The MainPID systemd gives an instance's unit ("0" when it is not running)."""
-    unit = f"gpufleet-vllm@{instance}.service"
-    return lab.ssh(host, ["systemctl", "show", "-P", "MainPID", unit]).stdout.strip()
-
-
-def requests_on_head(lab: RunningLab, key: str | None, model: str, port: int, count: int) -> list[int]:
-    head = lab.inventory.hosts[0]
-    url = f"http://127.0.0.1:{port}/v1/chat/completions"
-    request = json.dumps({"key": key, "url": url, "model": model, "count": count})
-    done = lab.lab.ssh(head.name, ["python3", "-c", REQUESTS_ON_HEAD], stdin=request, timeout=600)
-    assert done.returncode == 0, done.stderr
-    statuses: list[int] = json.loads(done.stdout)
-    return statuses
-
-
 # ----- upgrades and rollback (issue 14): a second tag of the lab image, then a broken one, then back
-# Both are made on the head from the lab image and loaded on the workers (gpufleet.lab.upgrade: only their
-# small parts travel), so every node has the same image IDs.
-
-IMAGE = "gpufleet/vllm-cpu:0.32.0"
-UPGRADE = IMAGE + UPGRADE_SUFFIX
-BROKEN = IMAGE + BROKEN_SUFFIX
+# (services_support.py: IMAGE, UPGRADE, BROKEN)
 
 
 def kept_revision(lab: RunningLab, host: str, slot: str) -> dict[str, Any] | None:
     return replica_revision(lab, host, "default", slot)
-
-
-def ray_started(lab: RunningLab) -> dict[str, str]:
-    """When each host's Ray container unit last became active (changes with every restart of it)."""
-    ask = ["systemctl", "show", "--property=ActiveEnterTimestampMonotonic", "--value", "gpufleet-ray.service"]
-    return {host: lab.ssh(host, ask).stdout.strip() for host in lab.hosts}
 
 
 @pytest.fixture(scope="module")
@@ -1538,60 +1100,3 @@ def test_an_image_without_ray_serves_with_the_mp_executor_and_ray_is_refused(
     code, body = chat(f"http://{head.ip}:8000/v1", deployment.key, "tiny")
     assert code == 200 and body["choices"][0]["message"]["content"], body
     assert chat(f"http://{head.ip}:8000/v1", None, "tiny")[0] == 401
-
-
-# heavy (`make test-all`): two whole deploys of the services on the lab (~10 min) for a lost machine; `make
-# test` keeps the replica killed under load (the services test above). Last in the module: it powers a host
-# off and on, and the module's teardown resets the lab.
-@pytest.mark.heavy
-def test_a_host_lost_under_load_leaves_its_service_degraded_and_the_next_deploy_restores_it(
-    lab: RunningLab, deployment: Deployment, tmp_path: Path
-) -> None:
-    """Issue 36's lost node: with tiny's 3 replicas and tiny-chat served, node3 (tiny-2) loses power under a
-    steady load through the edge (every process killed, its address gone: connections to it time out): at most
-    the request in flight then fails and none after the router's detection; `status` names tiny-2 unreachable
-    and says tiny is degraded, tiny-chat up; node3 boots again from its disk and the next whole deploy passes
-    with tiny's router holding all 3 replicas, and tiny-2 serves routed requests again."""
-    key = api_key_file(deployment.inventory)
-    more = {"gpufleet_monitoring": True, "gateway_edge_port": EDGE_PORT, "vllm_service_restart_sec": 3}
-    inventory = services_inventory(deployment.inventory, tmp_path / "services", LAB_SERVICES, key, more)
-    head, _, lost = lab.inventory.hosts
-    edge = f"http://{head.ip}:{EDGE_PORT}/v1"
-    tiny2 = f"http://{lost.ip}:8100"
-    paced = {"load": 1, "load_interval": LAB_LOAD_INTERVAL}
-    laps = Laps()
-    served = deploy(inventory, bundle=deployment.bundle, **paced)
-    assert served.ok, failures(served)
-    laps.lap("whole deploy of the services", served)
-    assert len(router_workers(lab, ROUTER_PORT)) == 3
-
-    with LoadMeter(edge, key, ["tiny"], streams=1, warmup=2.0, interval=LAB_LOAD_INTERVAL) as meter:
-        lab.lab.power_off(lost.name)
-        time.sleep(20)  # the router's health check (every 1 s, 2 failures) has long taken tiny-2 out
-        with LoadMeter(edge, key, ["tiny"], streams=1, warmup=0.5, interval=LAB_LOAD_INTERVAL) as detected:
-            time.sleep(30)
-    during, after = meter.result(), detected.result()
-    laps.lap("node3 powered off under load")
-    assert during.answered_before and during.requests >= 15 and during.failed <= 1, during
-    assert after.requests >= 10 and after.failed == 0, after
-    down = status(inventory)
-    laps.lap("status with node3 lost")
-    assert not down.ok and down.services == {"tiny": "degraded", "tiny-chat": "up"}, down.problems
-    lost_replicas = [(r.id, r.unit, r.ready) for r in down.replicas if not r.ready]
-    assert lost_replicas == [("tiny-2", "unreachable", False)], down.problems
-    assert any(line.startswith("replica tiny-2 on node3: not ready") for line in down.problems), down.problems
-
-    lab.lab.power_on(lost.name)
-    route_to_bridge(lab.lab, lab.inventory)
-    laps.lap("node3 booted again")
-    restored = deploy(inventory, bundle=deployment.bundle, **paced)
-    assert restored.ok, failures(restored)
-    laps.lap("the next whole deploy", restored)
-    assert router_workers(lab, ROUTER_PORT) == sorted(
-        f"http://{host.ip}:8100" for host in lab.inventory.hosts
-    )
-    before = served_on_head(lab, {"tiny-2": tiny2})
-    assert requests_on_head(lab, deployment.key, "tiny", ROUTER_PORT, 9) == [200] * 9
-    assert served_on_head(lab, {"tiny-2": tiny2})["tiny-2"] - before["tiny-2"] >= 1
-    up = status(inventory)
-    assert up.ok and up.services == {"tiny": "up", "tiny-chat": "up"}, up.problems

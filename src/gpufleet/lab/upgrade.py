@@ -7,7 +7,7 @@ against its ID), changed into two new configs (one with a label more, one with a
 carrying them. ``docker load`` takes a layer it already has from its own store, so every host ends with the
 same image IDs after moving kilobytes, and nothing reads the 2.8 GB base image (a ``docker build`` on the
 head and a ``docker save`` of what it built did, about 40 s on an idle lab).
-Used by tests/integration/test_e2e.py and benchmarks/upgrade.py.
+Used by tests/integration/test_e2e.py, tests/integration/test_services.py and benchmarks/upgrade.py.
 """
 
 from __future__ import annotations
