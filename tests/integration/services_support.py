@@ -35,16 +35,21 @@ BROKEN = IMAGE + BROKEN_SUFFIX
 
 class Laps:
     """How long each step of a long lab test took, logged as it ends (``pytest --log-cli-level=INFO`` shows
-    it live; a failed test shows it with its captured log): where the suite's minutes go (issue 33)."""
+    it live; a failed test shows it with its captured log) and kept in the test's ``user_properties`` as
+    ``("lap", text)``, which the session's summary prints for every test (conftest.py): where the suite's
+    minutes go (issue 33)."""
 
-    def __init__(self) -> None:
+    def __init__(self, properties: list[tuple[str, object]] | None = None) -> None:
         self._last = time.monotonic()
+        self._properties = properties if properties is not None else []
 
     def lap(self, step: str, report: Any = None) -> None:
         """Log the time since the last lap; with a deploy() report, each of its stages' seconds too."""
         now = time.monotonic()
         stages = ", ".join(f"{s.name} {s.seconds:.0f} s" for s in report.stages) if report is not None else ""
-        LOG.info("%s: %.0f s%s", step, now - self._last, f" ({stages})" if stages else "")
+        text = f"{step}: {now - self._last:.0f} s" + (f" ({stages})" if stages else "")
+        LOG.info("%s", text)
+        self._properties.append(("lap", text))
         self._last = now
 
 

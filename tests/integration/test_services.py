@@ -92,7 +92,7 @@ LAB_LOAD_INTERVAL = 2.0
 
 
 def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_service(
-    lab: RunningLab, fleet: Fleet, tmp_path: Path
+    lab: RunningLab, fleet: Fleet, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """A whole deploy() (monitoring on) of an inventory of the lab's hosts that lists two services: each
     replica the planner placed runs as its own unit, port and container on its node (node1 holds tiny-0 and
@@ -124,7 +124,7 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
     kept = ("tiny-0", "tiny-1", "tiny-chat-0")
     chat_router = ["systemctl", "show", "-P", "MainPID", "gpufleet-router@tiny-chat.service"]
     tiny_router_pid = ["systemctl", "show", "-P", "MainPID", "gpufleet-router@tiny.service"]
-    laps = Laps()
+    laps = Laps(request.node.user_properties)
     # every deploy's own load through the edge at the lab's pace (deploy()'s default, 2 streams each a request
     # per 0.5 s, kept every vLLM worker spinning: the replica raised to 3 took 169 s to serve instead of ~60)
     paced = {"load": 1, "load_interval": LAB_LOAD_INTERVAL}
@@ -409,7 +409,7 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
 # off and on, and the module's teardown resets the lab.
 @pytest.mark.heavy
 def test_a_host_lost_under_load_leaves_its_service_degraded_and_the_next_deploy_restores_it(
-    lab: RunningLab, fleet: Fleet, tmp_path: Path
+    lab: RunningLab, fleet: Fleet, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """Issue 36's lost node: with tiny's 3 replicas and tiny-chat served, node3 (tiny-2) loses power under a
     steady load through the edge (every process killed, its address gone: connections to it time out): at most
@@ -423,7 +423,7 @@ def test_a_host_lost_under_load_leaves_its_service_degraded_and_the_next_deploy_
     edge = f"http://{head.ip}:{EDGE_PORT}/v1"
     tiny2 = f"http://{lost.ip}:8100"
     paced = {"load": 1, "load_interval": LAB_LOAD_INTERVAL}
-    laps = Laps()
+    laps = Laps(request.node.user_properties)
     served = deploy(inventory, bundle=fleet.bundle, **paced)
     assert served.ok, failures(served)
     laps.lap("whole deploy of the services", served)
