@@ -34,8 +34,8 @@ lab-stress: lab-prereqs $(STAMP)  ## 50 lab up/down cycles and 50 resets, two la
 
 lint: $(STAMP)
 	$(BIN)/yamllint --strict .
-	$(BIN)/ruff check src tests plugins roles molecule benchmarks images
-	$(BIN)/ruff format --check src tests plugins roles molecule benchmarks images
+	$(BIN)/ruff check conftest.py src tests plugins roles molecule benchmarks images
+	$(BIN)/ruff format --check conftest.py src tests plugins roles molecule benchmarks images
 	$(BIN)/mypy
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/antsibull-changelog lint
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ansible-lint --profile production --strict

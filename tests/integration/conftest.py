@@ -177,24 +177,6 @@ SLOWEST_FIRST = (
 )
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """The laps of every long lab test that kept them (services_support.Laps), after the durations: each
-    run of `make test` says where its slowest test's minutes went (issue 33)."""
-    reports = [
-        report
-        for outcome in ("passed", "failed")
-        for report in terminalreporter.stats.get(outcome, [])
-        if getattr(report, "when", "") == "call" and any(key == "lap" for key, _ in report.user_properties)
-    ]
-    if reports:
-        terminalreporter.write_sep("=", "laps of the long lab tests")
-    for report in reports:
-        terminalreporter.write_line(report.nodeid)
-        for key, text in report.user_properties:
-            if key == "lap":
-                terminalreporter.write_line(f"  {text}")
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The files named in SLOWEST_FIRST first, in that order; then the others as collected."""
     rank = {path: index for index, path in enumerate(SLOWEST_FIRST)}
