@@ -145,6 +145,14 @@ def router_failures(lab: Any, service: str) -> dict[str, int]:
     return counted
 
 
+def failures(report: Any) -> str:
+    """A deploy() or rollback() report's failures, one line: each failed task, then each stage's error."""
+    return "; ".join(
+        [f"{f.stage}/{f.host}/{f.task}: {f.message}" for f in report.failures]
+        + [f"{s.name}: {s.error}" for s in report.stages if s.error]
+    )
+
+
 def replica_images(lab: Any, placed: dict[str, tuple[Any, int]]) -> dict[str, str]:
     """The image ID each replica's own container runs (gpufleet-vllm-ID)."""
     ask = ["docker", "inspect", "--format", "{{.Image}}"]

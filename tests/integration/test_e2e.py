@@ -54,6 +54,7 @@ from services_support import (
     UPGRADE,
     all_queries,
     empty_panels,
+    failures,
     prometheus,
     ray_started,
     replica_revision,
@@ -142,13 +143,6 @@ def deployment(
         yield Deployment(inventory, lab_bundle, first, second, dropped, canceled)
     finally:  # the next module needs the hosts, not the deleted layers of this one's images (issue 33)
         lab.lab.reset(wait=False)
-
-
-def failures(report: DeployReport) -> str:
-    return "; ".join(
-        [f"{f.stage}/{f.host}/{f.task}: {f.message}" for f in report.failures]
-        + [f"{s.name}: {s.error}" for s in report.stages if s.error]
-    )
 
 
 def test_the_first_deploy_runs_every_stage(deployment: Deployment) -> None:

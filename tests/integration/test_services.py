@@ -29,6 +29,7 @@ from services_support import (
     UPGRADE,
     Laps,
     empty_panels,
+    failures,
     main_pid,
     post_json,
     procs,
@@ -45,7 +46,7 @@ from services_support import (
 from gpufleet.lab.demo import chat, listed_models, route_to_bridge
 from gpufleet.lab.inventory import DEMO_SERVICES, services_inventory
 from gpufleet.lab.upgrade import make_images
-from gpufleet.runner import STAGES, DeployReport, deploy, rollback, status
+from gpufleet.runner import STAGES, deploy, rollback, status
 from gpufleet.runner.availability import LoadMeter
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -74,13 +75,6 @@ def fleet(lab: RunningLab, lab_bundle: Path, tmp_path_factory: pytest.TempPathFa
         yield Fleet(base, lab_bundle, tmp_path_factory.mktemp("services-key") / "gpufleet.apikey")
     finally:
         lab.lab.reset(wait=False)
-
-
-def failures(report: DeployReport) -> str:
-    return "; ".join(
-        [f"{f.stage}/{f.host}/{f.task}: {f.message}" for f in report.failures]
-        + [f"{s.name}: {s.error}" for s in report.stages if s.error]
-    )
 
 
 LAB_SERVICES = DEMO_SERVICES  # make demo's: tiny as 3 replicas (one per host), tiny-chat on the head
