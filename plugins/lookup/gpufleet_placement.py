@@ -99,26 +99,54 @@ class LookupModule(LookupBase):  # type: ignore[misc]
         what = str(terms[0]) if terms else "replicas"
         if what not in WHAT:
             raise AnsibleError(f"gpufleet_placement: found {what!r}; expected one of {', '.join(WHAT)}")
+        sources = (variables or {}).get("ansible_inventory_sources") or []
+        replicas = [
+            replica
+            for source in ([sources] if isinstance(sources, str) else sources)
+            for replica in self._placed(Path(str(source)))
+        ]
+        # each replica's router: its service's, on the port the gateway's list gives that service
+        ports = {router["name"]: router["port"] for router in self._gateway(replicas)}
+        for entry in replicas:
+            entry["router_port"] = ports[entry["service"]]
+        if what == "replicas":
+            return replicas
+        if what == "models":
+            models = {json.dumps(replica["model"], sort_keys=True): replica["model"] for replica in replicas}
+            return list(models.values())
+        if what == "metrics":
+            return self._metrics(replicas)
+        if what == "stamps":
+            return self._stamps(replicas)
+        return self._gateway(replicas)
+
+    @staticmethod
+    def _placed(source: Path) -> list[dict[str, Any]]:
+        """The replicas the planner places for the inventory ``source`` (none without services): kept, as
+        gpufleet.fleet.placement_cache says, so that the next ask (another play, another worker) does not
+        load and validate the inventory again."""
         try:
-            from gpufleet.fleet.loaded import load  # noqa: PLC0415
-            from gpufleet.fleet.services import place_fleet  # noqa: PLC0415
-            from gpufleet.planner.placement import PlacementError  # noqa: PLC0415
+            from gpufleet.fleet.placement_cache import keep, kept_replicas, placement_key  # noqa: PLC0415
         except ImportError as exc:
             raise AnsibleError(
                 "the gpufleet Python package is not importable by this ansible-playbook's Python; install it "
                 "into the same environment (pip install -e . in the gpufleet checkout)"
             ) from exc
-        sources = (variables or {}).get("ansible_inventory_sources") or []
+        key = placement_key(source)
+        if key is not None and (kept := kept_replicas(key)) is not None:
+            return kept
+        from gpufleet.fleet.loaded import load  # noqa: PLC0415  (heavy: pydantic, the schema, the validator)
+        from gpufleet.fleet.services import place_fleet  # noqa: PLC0415
+        from gpufleet.planner.placement import PlacementError  # noqa: PLC0415
+
+        fleet = load(source)
+        if fleet.spec is None:
+            raise AnsibleError(
+                f"gpufleet_placement: the inventory {source} is not valid:\n"
+                + "\n".join(str(problem) for problem in fleet.problems)
+            )
         replicas: list[dict[str, Any]] = []
-        for source in [sources] if isinstance(sources, str) else sources:
-            fleet = load(Path(str(source)))
-            if fleet.spec is None:
-                raise AnsibleError(
-                    f"gpufleet_placement: the inventory {source} is not valid:\n"
-                    + "\n".join(str(problem) for problem in fleet.problems)
-                )
-            if not fleet.spec.services:
-                continue
+        if fleet.spec.services:
             try:
                 placement = place_fleet(fleet.spec)
             except PlacementError as error:
@@ -145,20 +173,9 @@ class LookupModule(LookupBase):  # type: ignore[misc]
                         ),
                     }
                 )
-        # each replica's router: its service's, on the port the gateway's list gives that service
-        ports = {router["name"]: router["port"] for router in self._gateway(replicas)}
-        for entry in replicas:
-            entry["router_port"] = ports[entry["service"]]
-        if what == "replicas":
-            return replicas
-        if what == "models":
-            models = {json.dumps(replica["model"], sort_keys=True): replica["model"] for replica in replicas}
-            return list(models.values())
-        if what == "metrics":
-            return self._metrics(replicas)
-        if what == "stamps":
-            return self._stamps(replicas)
-        return self._gateway(replicas)
+        if key is not None:
+            keep(key, replicas)
+        return replicas
 
     def _metrics(self, replicas: list[dict[str, Any]]) -> list[Any]:
         """Each replica's vLLM on its URL's host:port, each router's metrics port and the edge's exporter

@@ -114,3 +114,79 @@ def test_an_invalid_inventory_or_term_is_refused_with_the_problems(tmp_path: Pat
         AnsibleError, match="found 'nodes'; expected one of replicas, gateway, models, metrics"
     ):
         lookup("nodes", REPO / "inventories/prod")
+
+
+def services_copy(tmp_path: Path) -> Path:
+    inventory = tmp_path / "services"
+    shutil.copytree(REPO / "inventories/prod", inventory)
+    return inventory
+
+
+def test_the_next_ask_answers_from_the_kept_placement_without_loading_the_inventory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 33: Ansible asks the lookup in a worker process of its own for every play and host; each ask
+    loaded and validated the inventory again (about 0.5 s of CPU, a quarter of a serve stage's controller
+    CPU). The first ask keeps the placement; the next ones read it, the inventory neither loaded nor
+    validated."""
+    from gpufleet.fleet import loaded
+
+    inventory = services_copy(tmp_path)
+    first = lookup("replicas", inventory)
+    assert [replica["id"] for replica in first] == ["qwen-0", "qwen-1"]
+
+    def refuse(path: Path) -> None:
+        raise AssertionError(f"the inventory {path} was loaded again")
+
+    monkeypatch.setattr(loaded, "load", refuse)
+    assert lookup("replicas", inventory) == first
+    assert [router["workers"] for router in lookup("gateway", inventory)] == [[r["url"] for r in first]]
+
+
+def test_a_changed_inventory_or_role_default_is_placed_again_and_an_invalid_one_is_never_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kept placement is keyed by what it depends on: an edited inventory gives its own placement, a
+    changed role file (the validator reads the roles' specs and defaults) loads it again, an inventory made
+    invalid is refused on every ask (nothing of it kept), and GPUFLEET_NO_CACHE=1 loads every time."""
+    from gpufleet.fleet import loaded, placement_cache
+
+    inventory = services_copy(tmp_path)
+    variables = inventory / "group_vars/gpu_nodes.yml"
+    values = yaml.safe_load(variables.read_text(encoding="utf-8"))
+    assert len(lookup("replicas", inventory)) == 2
+    values["gpufleet_services"][0]["replicas"] = 1
+    variables.write_text(yaml.safe_dump(values), encoding="utf-8")
+    assert [replica["id"] for replica in lookup("replicas", inventory)] == ["qwen-0"]
+
+    loads: list[Path] = []
+    real_load = loaded.load
+
+    def counted(path: Path) -> Any:
+        loads.append(path)
+        return real_load(path)
+
+    monkeypatch.setattr(loaded, "load", counted)
+    roles = tmp_path / "roles-copy"
+    shutil.copytree(REPO, roles, ignore=shutil.ignore_patterns(".*", "build", "tests", "src", "docs"))
+    monkeypatch.setenv("GPUFLEET_HOME", str(roles))
+    assert len(lookup("replicas", inventory)) == 1 and len(loads) == 1  # other role files: loaded again
+    assert len(lookup("replicas", inventory)) == 1 and len(loads) == 1  # then kept
+    defaults = roles / "roles/vllm_service/defaults/main.yml"
+    defaults.write_text(defaults.read_text(encoding="utf-8") + "\n# changed\n", encoding="utf-8")
+    assert len(lookup("replicas", inventory)) == 1 and len(loads) == 2
+
+    values["gpufleet_services"].append(dict(values["gpufleet_services"][0]))  # the same name twice
+    variables.write_text(yaml.safe_dump(values), encoding="utf-8")
+    for _ in range(2):
+        with pytest.raises(AnsibleError, match="found 'qwen' twice"):
+            lookup("replicas", inventory)
+    assert len(loads) == 4
+    assert placement_cache.placement_key(inventory) is not None
+
+    monkeypatch.setenv("GPUFLEET_NO_CACHE", "1")
+    values["gpufleet_services"].pop()
+    variables.write_text(yaml.safe_dump(values), encoding="utf-8")
+    lookup("replicas", inventory)
+    lookup("replicas", inventory)
+    assert len(loads) == 6
