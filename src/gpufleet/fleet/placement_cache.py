@@ -1,11 +1,12 @@
 """The kept placements. The playbooks ask the lookup ``gpufleet_placement`` for the replicas again and again
 (each play of serve.yml, verify.yml, status.yml, the fleet check), and Ansible asks it in a worker process of
-its own each time: the import of the typed loader and the validation of the inventory cost each ask about
-0.5 s of CPU, a quarter of ansible-playbook's CPU in a serve stage of the lab's services (a py-spy profile,
-benchmarks/results/suite-time.md). The replicas are kept as JSON under the sha256 of everything they depend
-on: the inventory's reading (:func:`gpufleet.fleet.inventory_cache.cache_key`: its files, the ansible.cfg
-files, the ANSIBLE_* environment, both versions) and the code that validates and places it (every module of
-this package, every role's argument specs and defaults: their paths, sizes and modification times).
+its own each time: the import of the typed loader and the validation of the inventory cost each ask about 0.5
+s of CPU: 22 of the controller's 70 busy seconds in a run of the nodes to serve stages on make demo's services
+(a py-spy profile; benchmarks/results/suite-time.md). The replicas are kept as JSON under the sha256 of
+everything they depend on: the inventory's reading (:func:`gpufleet.fleet.inventory_cache.cache_key`: its
+files, the ansible.cfg files, the ANSIBLE_* environment, both versions) and the code that validates and places
+it (every module of this package, every role's argument specs and defaults: their paths, sizes and
+modification times).
 
 Only a valid inventory's placement is kept (an invalid one is read and refused every time). What validation
 reads outside the inventory (a bundle's lock, a model's config.json) is not in the key: every gpufleet command
