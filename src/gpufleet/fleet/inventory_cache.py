@@ -157,7 +157,6 @@ def _entry(data: Any, path: Path) -> RawInventory:
 
 def cache_write(key: str, inventory: RawInventory) -> None:
     """Best effort, private (0700 directory, 0600 file: the values may include the user's secrets)."""
-    folder = cache_dir() / "inventory"
     data = {
         "hosts": [
             {"name": host.name, "groups": sorted(host.groups), "variables": host.variables}
@@ -165,6 +164,12 @@ def cache_write(key: str, inventory: RawInventory) -> None:
         ],
         "problems": [dataclasses.asdict(problem) for problem in inventory.problems],
     }
+    write_kept(cache_dir() / "inventory", key, data)
+
+
+def write_kept(folder: Path, key: str, data: Any) -> None:
+    """``data`` as JSON in ``folder/KEY.json``, written whole or not at all: best effort, private (0700
+    directory, 0600 file)."""
     try:
         text = json.dumps(data)
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from gpufleet.fleet.inventory_cache import cache_dir, cache_key
+from gpufleet.fleet.inventory_cache import cache_dir, cache_key, write_kept
 from gpufleet.paths import project_root
 
 PLACEMENT_FORMAT = 1
@@ -65,13 +63,4 @@ def kept_replicas(key: str) -> list[dict[str, Any]] | None:
 
 def keep(key: str, replicas: list[dict[str, Any]]) -> None:
     """Best effort, private (0700 directory, 0600 file, as the inventory readings)."""
-    folder = cache_dir() / "placement"
-    try:
-        text = json.dumps(replicas)
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd, temporary = tempfile.mkstemp(dir=folder, suffix=".tmp")  # created 0600
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(temporary, folder / f"{key}.json")
-    except (OSError, TypeError, ValueError):
-        return  # a read-only home: no cache, same result
+    write_kept(cache_dir() / "placement", key, replicas)
