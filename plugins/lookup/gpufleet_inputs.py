@@ -59,6 +59,15 @@ options:
     type: list
     elements: str
     default: []
+  serving:
+    description:
+      - Whether what the fleet serves counts (C(gpufleet_services), the one-model form's
+        C(gpufleet_model_*)).
+      - False for the roles that make a host ready and never read it (Docker, the driver, CUDA, the container
+        toolkit, the images). A model added or a service raised then leaves their converge alone;
+        tests/unit/test_converged_lookup.py checks that such a role names none of those variables.
+    type: bool
+    default: true
 notes:
   - Runs on the control node; values that cannot be templated count by their error, so they still matter.
 """
@@ -136,6 +145,8 @@ _MODULES = os.path.join(_PLUGINS, "modules")
 _MODULE_UTILS = os.path.join(_PLUGINS, "module_utils")  # the modules' shared code: it runs with them
 # The collection's root (a checkout, or ansible_collections/gpufleet/gpufleet installed): what a deploy runs.
 _COLLECTION = os.path.dirname(_PLUGINS)
+# What the fleet serves: the variables a role called with serving=false leaves out (a prefix ends with _)
+SERVING = ("gpufleet_services", "gpufleet_model_")
 # The group playbooks/fleet_check.yml fills when every node is in sync: a result, not an input.
 FAST_GROUP = "gpufleet_in_sync"
 # Groups a run makes for itself (playbooks/serving_form.yml sorts the nodes by serving form): results of the
@@ -231,10 +242,14 @@ class LookupModule(LookupBase):  # type: ignore[misc]  # ansible-core ships no t
         """The inputs among ``variables``' names: one of the prefixes, but internals (``__``, registered
         results) and the facts the roles publish (results, not inputs)."""
         excluded = {*RUN_TIME_FACTS, *self.get_option("exclude")}
+        serving = () if self.get_option("serving") else SERVING
         return sorted(
             name
             for name in variables
-            if name.startswith(prefixes) and not name.startswith("__") and name not in excluded
+            if name.startswith(prefixes)
+            and not name.startswith("__")
+            and name not in excluded
+            and not any(name == left or (left.endswith("_") and name.startswith(left)) for left in serving)
         )
 
     def _host_value(self, own: Any, name: str) -> Any:

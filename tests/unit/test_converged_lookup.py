@@ -211,3 +211,41 @@ def test_the_fleet_digest_follows_every_host_and_the_control_node_files(tmp_path
     assert with_key != base
     (tmp_path / "gpufleet.apikey").write_text("r" * 64)  # a rotated key: vllm_service renders it
     assert fleet_digest(tmp_path, inventory) != with_key
+
+
+@pytest.mark.slow
+def test_a_role_that_serves_nothing_leaves_what_the_fleet_serves_out(project: Path) -> None:
+    """serving=false: a model added or a service raised is no input of a host's Docker or driver (found on
+    `make demo`: raising tiny from 2 replicas to 3 converged Docker, the driver, CUDA, the toolkit and the
+    images again on every node, about 30 s of the deploy), while every other fleet-wide variable stays one."""
+    tasks = project / "roles" / "demo" / "tasks" / "main.yml"
+    served = '[{"name": "tiny", "replicas": 3}]'
+    assert digest(project, f"gpufleet_services={served}") != digest(project)  # by default it counts
+    tasks.write_text(tasks.read_text().replace("extra=groups)", "extra=groups, serving=false)"))
+    base = digest(project)
+    assert digest(project, f"gpufleet_services={served}", "gpufleet_model_repo=org/other") == base
+    assert digest(project, "gpufleet_bundle_dir=/elsewhere") != base
+    assert digest(project, "gpufleet_models_extra=1") != base  # a prefix leaves out what it names only
+
+
+def test_the_roles_that_leave_the_served_out_never_read_it() -> None:
+    """A role whose digest leaves out what the fleet serves (serving=false) must not read it: a change of it
+    would leave the role's converge skipped on a node that needs it."""
+    leaving = sorted(
+        role.name
+        for role in (REPO / "roles").iterdir()
+        if "serving=false" in (role / "vars" / "main.yml").read_text(encoding="utf-8")
+        if (role / "vars" / "main.yml").is_file()
+    )
+    assert leaving == sorted(
+        ["cuda_toolkit", "docker", "image_distribution", "nvidia_container_toolkit", "nvidia_driver"]
+    )
+    read = {
+        (role, str(path.relative_to(REPO)), name)
+        for role in leaving
+        for path in (REPO / "roles" / role).rglob("*")
+        if path.is_file() and path.suffix in {".yml", ".yaml", ".j2", ".py", ".sh"}
+        for name in ("gpufleet_services", "gpufleet_model_", "gpufleet_placement")
+        if name in path.read_text(encoding="utf-8")
+    }
+    assert not read, read
