@@ -73,8 +73,9 @@ RETURN = r"""
 _raw:
   description: >-
     For C(replicas): id, service, name (what clients send as model), node, nodes, gpus, port, url,
-    executor, model (repo, revision, dir), image (the service's, null for the fleet's), serving (the
-    vllm_service_* settings, less the prefix) and router_port (the port of its service's router on the
+    executor, model (repo, revision, dir), image (the service's, null for the fleet's), fleet_image
+    (the ray_cluster role's default ray_cluster_image: the fleet's where the inventory sets none), serving
+    (the vllm_service_* settings, less the prefix) and router_port (the port of its service's router on the
     gateway host).
     For C(gateway): name (the service's), model (what its clients send), port, metrics_port and workers.
     For C(metrics): job, target (host:port), labels. For C(stamps): the stamps' names (strings).
@@ -135,8 +136,10 @@ class LookupModule(LookupBase):  # type: ignore[misc]
         key = placement_key(source)
         if key is not None and (kept := kept_replicas(key)) is not None:
             return kept
+        from gpufleet.fleet.disagg import role_defaults  # noqa: PLC0415
         from gpufleet.fleet.loaded import load  # noqa: PLC0415  (heavy: pydantic, the schema, the validator)
         from gpufleet.fleet.services import place_fleet  # noqa: PLC0415
+        from gpufleet.paths import project_root  # noqa: PLC0415
         from gpufleet.planner.placement import PlacementError  # noqa: PLC0415
 
         fleet = load(source)
@@ -152,6 +155,8 @@ class LookupModule(LookupBase):  # type: ignore[misc]
             except PlacementError as error:
                 raise AnsibleError(f"gpufleet_placement: {error}") from error
             services = {service.name: service for service in fleet.spec.services}
+            # a services inventory runs no Ray container to take the fleet's image from (cluster.yml)
+            fleet_image = role_defaults(project_root(), "ray_cluster").get("ray_cluster_image")
             addresses = {node.name: str(node.node_ip) for node in fleet.spec.nodes}
             for replica in placement.replicas:
                 service = services[replica.service]
@@ -168,6 +173,7 @@ class LookupModule(LookupBase):  # type: ignore[misc]
                         "executor": replica.executor,
                         "model": service.model.model_dump(mode="json", exclude={"config"}),
                         "image": service.image,
+                        "fleet_image": fleet_image,
                         "serving": service.serving.model_dump(
                             mode="json", exclude={"served_model_name", "port"}
                         ),

@@ -127,6 +127,8 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
     started = deploy(before_raise, bundle=fleet.bundle, stages=FIRST_STAGES, **paced)
     assert started.ok, failures(started)
     laps.lap("deploy tiny x2 and tiny-chat (every stage but verify)", started)
+    # a services inventory runs no Ray: no node's Ray container unit ever became active
+    assert set(ray_started(lab).values()) == {"0"}, ray_started(lab)
     upgrade_images = make_images(lab.lab, IMAGE)  # a second tag and a broken one, on every node
     assert len(set(upgrade_images.values())) == 3, upgrade_images
     laps.lap("the upgrade images made")
@@ -258,7 +260,7 @@ def test_services_run_each_replica_as_its_own_instance_behind_a_router_per_servi
         **{f"tiny-{index}": upgrade_images[UPGRADE] for index in range(3)},
         "tiny-chat-0": upgrade_images[IMAGE],
     }
-    assert ray_started(lab) == ray_before  # the nodes' containers (and the instance in node1's) stayed
+    assert ray_started(lab) == ray_before  # no node started a container of its own (no Ray) meanwhile
     everyone = {i: main_pid(lab, placed[i][0].name, i) for i in placed}
     assert everyone["tiny-chat-0"] == pids["tiny-chat-0"]
     assert all(everyone[f"tiny-{index}"] != running[f"tiny-{index}"] for index in range(3)), everyone

@@ -43,6 +43,10 @@ def test_each_replica_has_its_node_gpus_port_url_and_its_services_settings() -> 
     assert first["serving"]["max_model_len"] == 8192 and first["serving"]["gpu_memory_utilization"] == 0.9
     assert "port" not in first["serving"] and "served_model_name" not in first["serving"]
     assert first["image"] is None  # the fleet's image (a service's own `image` otherwise)
+    # where the inventory sets no ray_cluster_image, the fleet's is the ray_cluster role's default: a services
+    # inventory runs no Ray container to take it from
+    defaults = yaml.safe_load((REPO / "roles/ray_cluster/defaults/main.yml").read_text(encoding="utf-8"))
+    assert first["fleet_image"] == defaults["ray_cluster_image"]
 
 
 def test_the_gateway_gets_a_router_per_service_with_its_replicas_as_workers(tmp_path: Path) -> None:
@@ -175,13 +179,16 @@ def test_a_changed_inventory_or_role_default_is_placed_again_and_an_invalid_one_
     defaults = roles / "roles/vllm_service/defaults/main.yml"
     defaults.write_text(defaults.read_text(encoding="utf-8") + "\n# changed\n", encoding="utf-8")
     assert len(lookup("replicas", inventory)) == 1 and len(loads) == 2
+    plugin = roles / "plugins/lookup/gpufleet_placement.py"  # the lookup's own code: what it answers
+    plugin.write_text(plugin.read_text(encoding="utf-8") + "\n# changed\n", encoding="utf-8")
+    assert len(lookup("replicas", inventory)) == 1 and len(loads) == 3
 
     values["gpufleet_services"].append(dict(values["gpufleet_services"][0]))  # the same name twice
     variables.write_text(yaml.safe_dump(values), encoding="utf-8")
     for _ in range(2):
         with pytest.raises(AnsibleError, match="found 'qwen' twice"):
             lookup("replicas", inventory)
-    assert len(loads) == 4
+    assert len(loads) == 5
     assert placement_cache.placement_key(inventory) is not None
 
     monkeypatch.setenv("GPUFLEET_NO_CACHE", "1")
@@ -189,4 +196,4 @@ def test_a_changed_inventory_or_role_default_is_placed_again_and_an_invalid_one_
     variables.write_text(yaml.safe_dump(values), encoding="utf-8")
     lookup("replicas", inventory)
     lookup("replicas", inventory)
-    assert len(loads) == 6
+    assert len(loads) == 7

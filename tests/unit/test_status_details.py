@@ -253,7 +253,15 @@ def services_facts(down: tuple[str, ...] = (), unit: str = "failed") -> dict[str
          "gpus": [], "unit": unit if rid in down else "active", "ready": rid not in down}
         for i, (rid, host) in enumerate(REPLICAS)
     ]  # fmt: skip
-    return healthy_facts() | {"gpufleet_replica_states": states, "gpufleet_vllm_ready": not down}
+    # no Ray and no container of the node's own (playbooks/cluster.yml): each replica runs in its own
+    nodes = {host: node() | {"container": "none", "container_unit": "none"} for host in HOSTS}
+    return healthy_facts() | {
+        "gpufleet_replica_states": states,
+        "gpufleet_vllm_ready": not down,
+        "gpufleet_ray_nodes_alive": None,
+        "gpufleet_ray_nodes_expected": None,
+        "gpufleet_nodes": nodes,
+    }
 
 
 def test_a_services_fleet_lists_every_replica_and_each_service_up(
@@ -267,6 +275,7 @@ def test_a_services_fleet_lists_every_replica_and_each_service_up(
     assert report.endpoint is None and report.vllm is None  # no one endpoint: the replicas are listed
     text = shown(report)
     assert "service tiny: up" in text and "  tiny-1 on node2 (GPUs -) http://10.0.0.2:8100: ready" in text
+    assert report.ray_nodes_alive is None and "Ray" not in text  # a services fleet runs no Ray
 
 
 @pytest.mark.parametrize(

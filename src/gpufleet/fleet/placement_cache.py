@@ -5,8 +5,8 @@ s of CPU: 22 of the controller's 70 busy seconds in a run of the nodes to serve 
 (a py-spy profile; benchmarks/results/suite-time.md). The replicas are kept as JSON under the sha256 of
 everything they depend on: the inventory's reading (:func:`gpufleet.fleet.inventory_cache.cache_key`: its
 files, the ansible.cfg files, the ANSIBLE_* environment, both versions) and the code that validates and places
-it (every module of this package, every role's argument specs and defaults: their paths, sizes and
-modification times).
+it (every module of this package, the collection's lookups, every role's argument specs and defaults: their
+paths, sizes and modification times).
 
 Only a valid inventory's placement is kept (an invalid one is read and refused every time). What validation
 reads outside the inventory (a bundle's lock, a model's config.json) is not in the key: every gpufleet command
@@ -25,7 +25,7 @@ from typing import Any
 from gpufleet.fleet.inventory_cache import cache_dir, cache_key, write_kept
 from gpufleet.paths import project_root
 
-PLACEMENT_FORMAT = 1
+PLACEMENT_FORMAT = 2  # 2: each replica's fleet_image
 PACKAGE = Path(__file__).resolve().parents[1]  # src/gpufleet (or site-packages/gpufleet)
 
 
@@ -39,6 +39,7 @@ def placement_key(inventory: Path) -> str | None:
     root = project_root()
     code = sorted(PACKAGE.rglob("*.py"))
     if root is not None:
+        code += sorted(root.glob("plugins/lookup/*.py"))  # what the lookup answers is its code's too
         code += sorted(root.glob("roles/*/meta/argument_specs.yml"))
         code += sorted(root.glob("roles/*/defaults/main.yml"))
     for path in code:

@@ -233,7 +233,8 @@ def print_status_report(console: Console, report: StatusReport) -> None:
         ray += f" of {report.ray_nodes_expected}"
     if report.ray_nodes_missing:
         ray += "; missing: " + ", ".join(node.host for node in report.ray_nodes_missing)
-    console.print(f"Ray nodes alive: {ray}" + (f", {report.ray_gpus:g} GPUs" if report.ray_gpus else ""))
+    if not report.replicas:  # services run no Ray (playbooks/cluster.yml)
+        console.print(f"Ray nodes alive: {ray}" + (f", {report.ray_gpus:g} GPUs" if report.ray_gpus else ""))
     console.print(f"vLLM ready: {'yes' if report.vllm_ready else 'no'}")
     for name, state in report.services.items():
         console.print(f"service {name}: {state}", highlight=False)

@@ -193,7 +193,8 @@ class NodeState(_Published):
     """One serving node as the status playbook found it."""
 
     host: str
-    # Docker's state of the Ray container (running, exited, ...), "missing" or "unreachable"
+    # Docker's state of the Ray container (running, exited, ...), "missing" or "unreachable"; "none" on a
+    # node of a services inventory (each replica in a container of its own, no Ray: playbooks/cluster.yml)
     container: str = "unknown"
     container_unit: str = "unknown"
     vllm_unit: str = "unknown"  # "not here" where vLLM does not run (the Ray executor's workers)
@@ -213,7 +214,7 @@ class NodeState(_Published):
         if self.container == "unreachable":
             said.append(f"{self.host}: unreachable")
             return said
-        if self.container != "running":
+        if self.container not in ("running", "none"):
             said.append(
                 f"{self.host}: the Ray container is {self.container}"
                 f" (its unit {self.container_unit}, vLLM's unit {self.vllm_unit})"
