@@ -234,8 +234,8 @@ def test_the_roles_that_leave_the_served_out_never_read_it() -> None:
     leaving = sorted(
         role.name
         for role in (REPO / "roles").iterdir()
-        if "serving=false" in (role / "vars" / "main.yml").read_text(encoding="utf-8")
         if (role / "vars" / "main.yml").is_file()
+        if "serving=false" in (role / "vars" / "main.yml").read_text(encoding="utf-8")
     )
     assert leaving == sorted(
         ["cuda_toolkit", "docker", "image_distribution", "nvidia_container_toolkit", "nvidia_driver"]

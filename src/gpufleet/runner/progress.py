@@ -228,12 +228,12 @@ def _verified(verify: VerifyResult) -> RenderableType:
 
 def print_status_report(console: Console, report: StatusReport) -> None:
     """Ray's nodes (the missing ones by name), vLLM, each node's problems, stale figures marked stale."""
-    ray = "unknown" if report.ray_nodes_alive is None else f"{report.ray_nodes_alive}"
-    if report.ray_nodes_expected is not None:
-        ray += f" of {report.ray_nodes_expected}"
-    if report.ray_nodes_missing:
-        ray += "; missing: " + ", ".join(node.host for node in report.ray_nodes_missing)
     if not report.replicas:  # services run no Ray (playbooks/cluster.yml)
+        ray = "unknown" if report.ray_nodes_alive is None else f"{report.ray_nodes_alive}"
+        if report.ray_nodes_expected is not None:
+            ray += f" of {report.ray_nodes_expected}"
+        if report.ray_nodes_missing:
+            ray += "; missing: " + ", ".join(node.host for node in report.ray_nodes_missing)
         console.print(f"Ray nodes alive: {ray}" + (f", {report.ray_gpus:g} GPUs" if report.ray_gpus else ""))
     console.print(f"vLLM ready: {'yes' if report.vllm_ready else 'no'}")
     for name, state in report.services.items():
