@@ -7,11 +7,8 @@ STAMP := $(VENV)/.installed
 # Debian packages the lab, Molecule and the integration tests need on the control node.
 LAB_PACKAGES := systemd-container debootstrap git-lfs iptables iproute2 openssh-client
 PYTEST_ARGS ?=
-# Every test file goes whole to one worker, longest first (tests/integration/conftest.py says why): the
-# suite on three workers (its lab tests wait on their hosts a seventh of the time: a third worker fills
-# it), the inner loop on two.
-PARALLEL := --dist loadfile --no-loadscope-reorder
-TEST_WORKERS ?= 3
+# Both cores: every test file goes whole to one of two workers, longest first (tests/conftest.py says why).
+PARALLEL := -n 2 --dist loadfile --no-loadscope-reorder
 # Let Python keep the bytecode of the checkout's modules (src/, plugins/: gitignored __pycache__): with
 # PYTHONDONTWRITEBYTECODE set (this machine sets it), every Ansible worker compiled gpufleet's sources again.
 unexport PYTHONDONTWRITEBYTECODE
@@ -24,13 +21,13 @@ demo: lab-prereqs $(STAMP)  ## validate and plan inventories/prod; then the air-
 	$(BIN)/python -m gpufleet.lab.demo  # lab bundle, 3 offline lab hosts (lab "demo", left up), two services, a chat with each
 
 test: lab-prereqs $(STAMP)  ## what CI runs: the pytest suite less the `heavy` tests, linters included (tests/test_lint.py)
-	$(BIN)/pytest -n $(TEST_WORKERS) $(PARALLEL) --durations=40 -m "not heavy" $(PYTEST_ARGS)
+	$(BIN)/pytest $(PARALLEL) --durations=40 -m "not heavy" $(PYTEST_ARGS)
 
 test-all: lab-prereqs $(STAMP)  ## everything, the heavy tests too (CUDA packages, serving scenarios)
-	$(BIN)/pytest -n $(TEST_WORKERS) $(PARALLEL) --durations=40 $(PYTEST_ARGS)
+	$(BIN)/pytest $(PARALLEL) --durations=40 $(PYTEST_ARGS)
 
 check: $(STAMP)  ## the inner loop (about 2.5 min): the linters and the unit tests, on both cores
-	$(BIN)/pytest -q -n 2 $(PARALLEL) tests/test_lint.py tests/unit $(PYTEST_ARGS)
+	$(BIN)/pytest -q $(PARALLEL) tests/test_lint.py tests/unit $(PYTEST_ARGS)
 
 lab-stress: lab-prereqs $(STAMP)  ## 50 lab up/down cycles and 50 resets, two labs side by side (not in make test)
 	$(BIN)/python benchmarks/lab_stress.py --markdown benchmarks/results/lab-stress.md

@@ -151,26 +151,26 @@ class RunningLab:
 
 
 # ----- the suite's order ----------------------------------------------------------------------------------
-# `make test` runs pytest on three workers (pytest-xdist, --dist loadfile --no-loadscope-reorder): every
-# file goes whole to one worker, in collection order, and a worker takes the next file when it has at most
-# two tests left. The machine has two cores; its lab tests wait on their hosts (vLLM's starts, systemd,
-# ssh) about a seventh of the time, which a third worker fills. The two deployed-lab files (13-18 minutes
-# each of a busy machine) start at once, each on its own worker and its worker's session lab; the third
-# worker runs the linters first (a lint failure shows in a minute) and then every other file, with the
-# first two workers taking over whatever is left when they are done. The services file holds one test, so
-# xdist queues the next file behind it at the start: that one (the fifth here) is a short one, or it would
-# wait for the services test to end.
-# Longest first, from `--durations=0` of `make test` on the 2-core machine (benchmarks/results/suite-time.md).
+# `make test` runs pytest on both cores (pytest-xdist, --dist loadfile --no-loadscope-reorder): every
+# file goes whole to one worker, in collection order, and a worker takes the next file when it is nearly
+# done with its own. Starting with the two longest files (the deployed labs, 13-18 minutes each of a busy
+# machine), one on each worker, lets both work through every other file after them; a long file taken last
+# would leave one worker idle at the end. This hook, although in this folder, orders the whole session's
+# items (tests/unit and tests/test_lint.py too); a conftest.py in tests/ would make ruff take every
+# `from conftest import` for a first-party import.
+# Longest first, from `--durations=0` of `make test` on the 2-core machine (2026-12-04,
+# benchmarks/results/suite-time.md): the two deployed-lab files, one on each worker, each on its worker's
+# session lab (the linters first on the second worker: a lint failure shows in a minute); every other file
+# goes to whichever worker is nearly done first.
 SLOWEST_FIRST = (
-    "tests/integration/test_e2e.py",  # one deployed lab (one instance) for every test in it (~1,000 s)
-    "tests/test_lint.py",  # the linters (~80 s): early, so that a lint failure shows early
-    "tests/integration/test_services.py",  # services on the third worker's lab (~1,000 s)
-    "tests/integration/test_molecule.py",  # the roles' scenarios, in two files (~130 s and ~70 s)
-    "tests/unit/test_availability.py",  # a few seconds: queued behind the services test (above)
+    "tests/integration/test_e2e.py",  # one deployed lab (one instance) for every test in it (~800 s)
+    "tests/test_lint.py",  # the linters (~60 s): early, so that a lint failure shows early
+    "tests/integration/test_services.py",  # services on the other worker's lab (~1,100 s)
+    "tests/integration/test_molecule.py",  # the roles' scenarios, in two files (~350 s and ~300 s)
     "tests/integration/test_molecule_driver_artifacts.py",
-    "tests/integration/test_model_fetch.py",
     "tests/integration/test_image_distribution.py",
     "tests/integration/test_relay_trust.py",
+    "tests/integration/test_model_fetch.py",
     "tests/integration/test_lab_docker.py",
     "tests/integration/test_cancel.py",
     "tests/integration/test_collection.py",
