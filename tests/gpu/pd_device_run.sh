@@ -1,8 +1,9 @@
 #!/bin/bash
 # On the one-GPU machine (device tool), from the repo root: the vllm_pd role's 1P1D on one shared GPU.
-# The vLLM payload of build_payload.sh arrives split again into 60 MB parts .gpu/pd/q0 .. q3 (p0 alone plus the
+# The vLLM payload of build_payload.sh arrives split again into 50 MB parts .gpu/pd/q0 .. q3 (p0 alone plus the
 # working tree is over the 64 MiB a call carries), NIXL as .gpu/pd/nixl.tar.xz (nixl 1.5.1 + nixl_cu13, without
-# nixl_ep and the headers), one or two per call; each call appends what it carries to /root/stash.
+# nixl_ep and the headers) and vllm-router's wheel, one or two per call; each call adds what it carries to
+# /root/stash.
 #   tests/gpu/pd_device_run.sh stash     store the carried part(s) and stop
 #   tests/gpu/pd_device_run.sh prepare   also unpack the payload (and NIXL if here), build the model dir
 #   tests/gpu/pd_device_run.sh run       prepare, then pd_runner.py with .gpu/pd/rendered (pd_render.sh)
@@ -10,7 +11,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 out=${OUT:-/tmp/out}
 mkdir -p /root/stash "$out"
-for part in "$repo"/.gpu/pd/q[0-9] "$repo"/.gpu/pd/nixl.tar.xz; do
+for part in "$repo"/.gpu/pd/q[0-9] "$repo"/.gpu/pd/nixl.tar.xz "$repo"/.gpu/pd/vllm_router-*.whl; do
   if [ -f "$part" ]; then cp "$part" /root/stash/; fi
 done
 ls -l /root/stash
@@ -20,7 +21,7 @@ nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,nohea
 model=/root/gpufleet-model/Qwen2.5-1.5B-Instruct
 if [ ! -f /root/site/.unpacked ] || [ ! -f "$model/tokenizer.json" ]; then # a later call on a warm machine skips this
   cd /root/stash
-  cat q0 q1 q2 q3 >payload.tar.xz
+  cat q[0-9] >payload.tar.xz
   sha256sum -c "$repo/.gpu/pd/payload.sha256"
   python3 "$repo/tests/gpu/mkmodel.py" "$repo/models/Qwen2.5-1.5B-Instruct/config.json" "$model" >"$out/mkmodel.log" 2>&1 &
   mkdir -p /root/site
@@ -33,6 +34,10 @@ fi
 if [ ! -f /root/site/.nixl ] && [ -f /root/stash/nixl.tar.xz ]; then
   tar -xJf /root/stash/nixl.tar.xz -C /root/site
   touch /root/site/.nixl
+fi
+# vllm-router's wheel (issue 39: its P/D mode in front of the same instances), unpacked as the gateway role does
+if [ ! -f /root/router/.unpacked ] && ls /root/stash/vllm_router-*.whl >/dev/null 2>&1; then
+  python3 -m zipfile -e /root/stash/vllm_router-*.whl /root/router && touch /root/router/.unpacked
 fi
 echo "setup took $(($(date +%s) - t0)) s"
 cd "$repo"

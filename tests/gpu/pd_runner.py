@@ -10,6 +10,13 @@ streamed, without the key (401); the instances' KV-transfer log lines and /metri
 through the proxy; then everything stopped with SIGTERM, and ONE plain instance (single.yaml: the same
 settings, no kv-transfer-config) started on the same GPU and benched the same way.
 
+Between the two (issue 39), the same prefill and decode instances behind vllm-router 0.1.17's P/D mode
+(``--vllm-pd-disaggregation --prefill URL --decode URL --kv-connector nixl``), run by the gateway role's own
+launcher (roles/gateway/files/gpufleet_router.py) from the wheel unpacked in ROUTER_DIR, with the key in
+``OPENAI_API_KEY`` (the P/D router sends its own key to the workers): chats with and without the key,
+streamed, and the same bench (another seed: no prefix shared with the proxy's). The engines log UCX's
+protocol choice (``UCX_PROTO_INFO=y``); ``PD_UCX_TLS`` restricts UCX's transports for a second run.
+
 Usage: python3 pd_runner.py RENDERED_DIR OUT_DIR
 """
 
@@ -33,13 +40,20 @@ from mp_runner import VLLM, env_file, gpu_used, http, say
 LIMIT = float(os.environ.get("PD_LIMIT", "560"))  # seconds for the whole run (the device call's limit is 600)
 READY_LIMIT = 240
 PROXY = Path(__file__).resolve().parents[2] / "roles/vllm_pd/files/pd_proxy.py"
+ROUTER = Path(__file__).resolve().parents[2] / "roles/gateway/files/gpufleet_router.py"
+ROUTER_DIR = Path(os.environ.get("ROUTER_DIR", "/root/router"))
+ROUTER_PORT, ROUTER_METRICS = 8400, 29400
+# UCX says which protocol and transport it picked for each operation (to the engines' logs)
+UCX_ENV = {"UCX_PROTO_INFO": "y"} | (
+    {"UCX_TLS": os.environ["PD_UCX_TLS"]} if os.environ.get("PD_UCX_TLS") else {}
+)
 KV_KEYS = re.compile(
     r"nixl|NIXL|Nixl|kv_transfer|KV Transfer|kv_connector|KVConnector|handshake|remote|UCX|ucx|"
     r"External prefix cache|side channel|Transfer plan|Registering|Error|rror:|Traceback|WARNING",
 )
 METRIC_KEYS = re.compile(r"nixl|kv_transfer|external_prefix_cache|prefix_cache_(hits|queries)|kv_connector")
 BENCH = ("--dataset-name", "random", "--random-input-len", "512", "--random-output-len", "64",
-         "--num-prompts", "200", "--max-concurrency", "16", "--ignore-eos", "--seed", "0", "--disable-tqdm",
+         "--num-prompts", "200", "--max-concurrency", "16", "--ignore-eos", "--disable-tqdm",
          "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99")  # fmt: skip
 T0 = time.time()
 
@@ -55,6 +69,8 @@ def start(name: str, cmd: list[str], env: dict[str, str], out: Path) -> Popen[by
 
 def start_vllm(host: str, rendered: Path, out: Path) -> Popen[bytes]:
     env = os.environ | env_file(rendered / f"{host}.env") | {"CUDA_VISIBLE_DEVICES": "0"}
+    if host != "single":
+        env |= UCX_ENV
     cmd = [sys.executable, "-c", VLLM, "serve", "--config", str(rendered / f"{host}.yaml")]
     return start(host, cmd, env, out)
 
@@ -109,11 +125,14 @@ def metrics(url: str) -> str:
     return "\n".join(x for x in text.splitlines() if METRIC_KEYS.search(x) and not x.startswith("#"))
 
 
-def bench(base: str, *, name: str, model: str, key: str, label: str, out: Path) -> dict[str, object]:
+def bench(
+    base: str, *, name: str, model: str, key: str, label: str, out: Path, seed: int = 0
+) -> dict[str, object]:
     results = Path("/tmp/pd-bench")
     results.mkdir(exist_ok=True)
     cmd = [sys.executable, "-c", VLLM, "bench", "serve", "--backend", "openai", "--base-url", base,
            "--endpoint", "/v1/completions", "--model", name, "--tokenizer", model, *BENCH,
+           "--seed", str(seed),
            "--save-result", "--result-dir", str(results), "--result-filename", f"{label}.json"]  # fmt: skip
     env = os.environ | {"OPENAI_API_KEY": key}
     t = time.time()
@@ -172,6 +191,10 @@ def pd_part(rendered: Path, out: Path, key: str, results: dict[str, dict[str, ob
             )
             if listed != [name]:
                 return False
+        urls = {h: f"http://{cfg[h]['host']}:{cfg[h]['port']}" for h in ("prefill", "decode")}
+        router_first = os.environ.get("PD_ROUTER_FIRST") == "1"  # the bench order swapped, to see its effect
+        if router_first:
+            procs["router"] = router_part(urls, name=name, model=model, key=key, out=out, results=results)
         env = os.environ | env_file(rendered / "pd-proxy.env")
         procs["proxy"] = start(
             "proxy", [sys.executable, str(PROXY), str(rendered / "pd-proxy.json")], env, out
@@ -214,15 +237,17 @@ def pd_part(rendered: Path, out: Path, key: str, results: dict[str, dict[str, ob
                 say(out, f"--- {host} /metrics after the bench:\n{metrics(url)}")
         else:
             say(out, f"bench (pd): skipped, {left():.0f} s left")
+        if not router_first and left() > 230:
+            procs["router"] = router_part(urls, name=name, model=model, key=key, out=out, results=results)
     except Exception as e:  # a failed check still stops everything and shows the logs
         say(out, "pd check failed:", repr(e)[:500])
         ok = False
     finally:
         t = time.time()
-        order = {k: procs[k] for k in ("proxy", "decode", "prefill") if k in procs}
+        order = {k: procs[k] for k in ("router", "proxy", "decode", "prefill") if k in procs}
         say(
             out,
-            "stop (proxy, decode, prefill):",
+            "stop (router, proxy, decode, prefill):",
             stop(order),
             f"in {time.time() - t:.1f} s; GPU MiB:",
             gpu_used(),
@@ -233,6 +258,60 @@ def pd_part(rendered: Path, out: Path, key: str, results: dict[str, dict[str, ob
                 tail = (out / f"{host}.log").read_text(errors="replace").splitlines()[-25:]
                 say(out, f"--- {host} log tail:\n" + "\n".join(x[:400] for x in tail))
     return ok
+
+
+def router_part(
+    urls: dict[str, str], *, name: str, model: str, key: str, out: Path, results: dict[str, dict[str, object]]
+) -> Popen[bytes]:
+    """vllm-router's P/D mode in front of the same two instances: chats, then the bench (seed 1)."""
+    config = {"path": str(ROUTER_DIR), "args": [
+        "--host", "127.0.0.1", "--port", str(ROUTER_PORT), "--vllm-pd-disaggregation",
+        "--prefill", urls["prefill"], "--decode", urls["decode"], "--policy", "round_robin",
+        "--kv-connector", "nixl", "--health-check-interval-secs", "1",
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(ROUTER_METRICS)]}  # fmt: skip
+    path = out / "router.json"
+    path.write_text(json.dumps(config))
+    say(out, f"--- router.json\n{json.dumps(config)}")
+    proc = start(
+        "router", [sys.executable, str(ROUTER), str(path)], os.environ | {"OPENAI_API_KEY": key}, out
+    )
+    base = f"http://127.0.0.1:{ROUTER_PORT}"
+    t, health = time.time(), None
+    while time.time() - t < 60 and proc.poll() is None:
+        try:
+            health = http(f"{base}/health", None)
+            if health[0] == 200:
+                break
+        except OSError:
+            pass
+        time.sleep(0.5)
+    say(out, f"router /health after {time.time() - t:.1f} s: {health}")
+    chat = {"model": name, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 16}
+    t = time.time()
+    status, _, body = raw(f"{base}/v1/chat/completions", key, chat)
+    answer = json.loads(body) if status == 200 else {}
+    content = answer["choices"][0]["message"]["content"] if answer else body[:300]
+    say(out, f"chat through router with key: {status} in {time.time() - t:.2f} s, id {answer.get('id')!r}, "
+             f"answer {content!r}")  # fmt: skip
+    s_status, _, s_body = raw(f"{base}/v1/chat/completions", key, chat | {"stream": True})
+    say(out, f"streamed chat through router: {s_status}, {s_body.count('data: ')} SSE chunks")
+    n_status, _, n_body = raw(f"{base}/v1/chat/completions", None, chat)
+    say(out, f"chat through router WITHOUT key: {n_status} {n_body[:120]!r} (the router adds its own key)")
+    results["1P1D via vllm-router"] = bench(
+        base, name=name, model=model, key=key, label="router", out=out, seed=1
+    )
+    time.sleep(6)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{ROUTER_METRICS}/metrics", timeout=30) as r:
+            text = r.read().decode()
+        wanted = [
+            x for x in text.splitlines() if x.startswith(("vllm_router_pd_", "vllm_router_worker_health"))
+        ]
+        say(out, "--- router /metrics (P/D):\n" + "\n".join(x for x in wanted if "_bucket" not in x))
+    except OSError as e:
+        say(out, f"router /metrics: {e!r}")
+    say(out, f"--- decode /metrics after the router's bench:\n{metrics(urls['decode'])}")
+    return proc
 
 
 def single_part(rendered: Path, out: Path, key: str, results: dict[str, dict[str, object]]) -> bool:
@@ -281,7 +360,10 @@ def main() -> None:
     pd_ok = pd_part(rendered, out, key, results)
     say(out, f"=== 1P1D: {'PASS' if pd_ok else 'FAIL'} ({time.time() - T0:.0f} s so far)")
     single_ok = False
-    if left() > 120:
+    if os.environ.get("PD_SINGLE") == "0":  # a second run that only changes the P/D pair's settings
+        single_ok = True
+        say(out, "single instance: not run (PD_SINGLE=0)")
+    elif left() > 120:
         single_ok = single_part(rendered, out, key, results)
     else:
         say(out, f"single instance: skipped, {left():.0f} s left")
