@@ -15,7 +15,8 @@ Between the two (issue 39), the same prefill and decode instances behind vllm-ro
 launcher (roles/gateway/files/gpufleet_router.py) from the wheel unpacked in ROUTER_DIR, with the key in
 ``OPENAI_API_KEY`` (the P/D router sends its own key to the workers): chats with and without the key,
 streamed, and the same bench (another seed: no prefix shared with the proxy's). The engines log UCX's
-protocol choice (``UCX_PROTO_INFO=y``); ``PD_UCX_TLS`` restricts UCX's transports for a second run.
+protocol choice (``UCX_PROTO_INFO=y``); ``PD_UCX_TLS`` restricts UCX's transports for a second run,
+``PD_ROUTER_FIRST=1`` benches the router before the proxy, ``PD_SINGLE=0`` leaves the plain instance out.
 
 Usage: python3 pd_runner.py RENDERED_DIR OUT_DIR
 """
