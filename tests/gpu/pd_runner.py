@@ -53,6 +53,8 @@ KV_KEYS = re.compile(
     r"External prefix cache|side channel|Transfer plan|Registering|Error|rror:|Traceback|WARNING",
 )
 METRIC_KEYS = re.compile(r"nixl|kv_transfer|external_prefix_cache|prefix_cache_(hits|queries)|kv_connector")
+# the router's P/D lines, without the histograms' buckets
+ROUTER_KEYS = re.compile(r"^vllm_router_(pd_|worker_health)(?!.*_bucket)")
 BENCH = ("--dataset-name", "random", "--random-input-len", "512", "--random-output-len", "64",
          "--num-prompts", "200", "--max-concurrency", "16", "--ignore-eos", "--disable-tqdm",
          "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99")  # fmt: skip
@@ -117,13 +119,13 @@ def raw(url: str, key: str | None, body: dict[str, object]) -> tuple[int, dict[s
         return e.code, dict(e.headers), e.read().decode(errors="replace")
 
 
-def metrics(url: str) -> str:
+def metrics(url: str, keys: re.Pattern[str] = METRIC_KEYS) -> str:
     try:
         with urllib.request.urlopen(f"{url}/metrics", timeout=30) as r:
             text: str = r.read().decode()
     except (OSError, urllib.error.HTTPError) as e:
         return f"/metrics: {e!r}"
-    return "\n".join(x for x in text.splitlines() if METRIC_KEYS.search(x) and not x.startswith("#"))
+    return "\n".join(x for x in text.splitlines() if keys.search(x) and not x.startswith("#"))
 
 
 def bench(
@@ -302,15 +304,7 @@ def router_part(
         base, name=name, model=model, key=key, label="router", out=out, seed=1
     )
     time.sleep(6)
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{ROUTER_METRICS}/metrics", timeout=30) as r:
-            text = r.read().decode()
-        wanted = [
-            x for x in text.splitlines() if x.startswith(("vllm_router_pd_", "vllm_router_worker_health"))
-        ]
-        say(out, "--- router /metrics (P/D):\n" + "\n".join(x for x in wanted if "_bucket" not in x))
-    except OSError as e:
-        say(out, f"router /metrics: {e!r}")
+    say(out, f"--- router /metrics (P/D):\n{metrics(f'http://127.0.0.1:{ROUTER_METRICS}', ROUTER_KEYS)}")
     say(out, f"--- decode /metrics after the router's bench:\n{metrics(urls['decode'])}")
     return proc
 
