@@ -160,6 +160,7 @@ class LookupModule(LookupBase):  # type: ignore[misc]
             addresses = {node.name: str(node.node_ip) for node in fleet.spec.nodes}
             for replica in placement.replicas:
                 service = services[replica.service]
+                serving = service.serving_of(replica.role)
                 replicas.append(
                     {
                         "id": replica.id,
@@ -174,9 +175,8 @@ class LookupModule(LookupBase):  # type: ignore[misc]
                         "model": service.model.model_dump(mode="json", exclude={"config"}),
                         "image": service.image,
                         "fleet_image": fleet_image,
-                        "serving": service.serving.model_dump(
-                            mode="json", exclude={"served_model_name", "port"}
-                        ),
+                        "serving": serving.model_dump(mode="json", exclude={"served_model_name", "port"}),
+                        **_pd_fields(service, replica, addresses[replica.node]),
                     }
                 )
         if key is not None:
@@ -191,7 +191,12 @@ class LookupModule(LookupBase):  # type: ignore[misc]
             {
                 "job": "vllm",
                 "target": replica["url"].removeprefix("http://"),
-                "labels": {"node": replica["node"], "service": replica["service"], "replica": replica["id"]},
+                "labels": {
+                    "node": replica["node"],
+                    "service": replica["service"],
+                    "replica": replica["id"],
+                    **({"role": replica["role"]} if replica["role"] else {}),
+                },
             }
             for replica in replicas
         ]
@@ -224,13 +229,46 @@ class LookupModule(LookupBase):  # type: ignore[misc]
             int(self.get_option("first_metrics_port")),
         )
         services = list(dict.fromkeys(replica["service"] for replica in replicas))
-        return [
-            {
+        routers = []
+        for index, service in enumerate(services):
+            mine = [replica for replica in replicas if replica["service"] == service]
+            router = {
                 "name": service,
-                "model": next(replica["name"] for replica in replicas if replica["service"] == service),
+                "model": mine[0]["name"],
                 "port": first_port + index,
                 "metrics_port": first_metrics + index,
-                "workers": [replica["url"] for replica in replicas if replica["service"] == service],
+                "workers": [replica["url"] for replica in mine],
             }
-            for index, service in enumerate(services)
-        ]
+            if mine[0]["role"]:  # a P/D service: its router in P/D mode, each replica by role
+                router["pd"] = {
+                    role: [replica["url"] for replica in mine if replica["role"] == role]
+                    for role in ("prefill", "decode")
+                }
+            routers.append(router)
+        return routers
+
+
+def _pd_fields(service: Any, replica: Any, address: str) -> dict[str, Any]:
+    """A replica's role and what its role needs of vLLM: the KV connector's --kv-transfer-config (prefill
+    produces, decode consumes; None with kv_transfer false, the lab's TEST ONLY switch) and its environment
+    (NIXL's side channel on its node's cluster address and its own ports; UCX's GET zero-copy over cuda_ipc,
+    which UCX turns off without NVLink, so that the KV cache does not go GPU -> host -> TCP -> GPU:
+    tests/gpu/README.md, "P/D through vllm-router")."""
+    if service.pd is None:
+        return {"role": None, "kv_transfer_config": None, "env": {}}
+    pd = service.pd
+    if not pd.kv_transfer:
+        return {"role": replica.role, "kv_transfer_config": None, "env": {}}
+    env = {
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": address,
+        "VLLM_NIXL_SIDE_CHANNEL_PORT": str(replica.side_channel_port),
+        "UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "y",
+    }
+    if pd.ucx_net_devices is not None:
+        env["UCX_NET_DEVICES"] = pd.ucx_net_devices
+    kv_role = "kv_producer" if replica.role == "prefill" else "kv_consumer"
+    return {
+        "role": replica.role,
+        "kv_transfer_config": {"kv_connector": pd.connector, "kv_role": kv_role},
+        "env": env,
+    }

@@ -311,6 +311,36 @@ def test_a_replica_not_ready_names_it_and_its_service_degraded_or_down(
     assert StatusReport.model_validate_json(report.model_dump_json()) == report
 
 
+@pytest.mark.parametrize(
+    ("down", "state"),
+    [
+        ((), "up"),
+        (("tiny-pd-d0",), "degraded"),
+        (("tiny-pd-p0",), "down"),
+        (("tiny-pd-d0", "tiny-pd-d1"), "down"),
+    ],
+)
+def test_a_pd_service_is_down_when_every_replica_of_one_role_is(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, down: tuple[str, ...], state: str
+) -> None:
+    """A request through a P/D router needs a prefill and a decode replica: one role without a ready replica
+    is the service down, though the other role's replicas are ready."""
+    facts = services_facts()
+    facts["gpufleet_replica_states"] = [
+        {"id": rid, "service": "tiny-pd", "node": host, "url": f"http://10.0.0.{i + 1}:8101", "gpus": [],
+         "role": role, "unit": "failed" if rid in down else "active", "ready": rid not in down}
+        for i, (rid, host, role) in enumerate([
+            ("tiny-pd-p0", "node1", "prefill"),
+            ("tiny-pd-d0", "node2", "decode"),
+            ("tiny-pd-d1", "node3", "decode"),
+        ])
+    ]  # fmt: skip
+    report = run_status(monkeypatch, tmp_path, facts)
+    assert report.services == {"tiny-pd": state}
+    assert [r.role for r in report.replicas] == ["prefill", "decode", "decode"]
+    assert "  tiny-pd-d1 on node3 (decode, GPUs -) http://10.0.0.3:8101: " in shown(report)
+
+
 def test_a_malformed_replica_entry_is_left_out(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     facts = services_facts()
     facts["gpufleet_replica_states"] = [{"id": "x"}, "text", *facts["gpufleet_replica_states"][:1]]

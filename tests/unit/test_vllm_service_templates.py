@@ -427,3 +427,17 @@ def test_procs_names_gpu_memory_held_by_a_process_outside_the_service(role: Role
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_pd_replica_gets_its_kv_connector_and_its_environment(role: Role) -> None:
+    """A P/D replica (playbooks/tasks/replica.yml from the placement): --kv-transfer-config in its --config
+    file as vLLM takes it (a JSON string), the connector's environment in its env file; none for other
+    replicas."""
+    connector = {"kv_connector": "NixlConnector", "kv_role": "kv_consumer"}
+    env = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "10.0.0.2", "VLLM_NIXL_SIDE_CHANNEL_PORT": "5601"}
+    settings = yaml.safe_load(role.render("vllm.yaml.j2", **OWN, vllm_service_kv_transfer_config=connector))
+    assert json.loads(settings["kv-transfer-config"]) == connector
+    lines = role.render("vllm.env.j2", **OWN, vllm_service_kv_transfer_env=env).splitlines()
+    assert {"VLLM_NIXL_SIDE_CHANNEL_HOST=10.0.0.2", "VLLM_NIXL_SIDE_CHANNEL_PORT=5601"} <= set(lines)
+    assert "kv-transfer-config" not in yaml.safe_load(role.render("vllm.yaml.j2", **OWN))
+    assert "NIXL" not in role.render("vllm.env.j2", **OWN)

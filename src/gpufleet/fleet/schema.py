@@ -231,8 +231,58 @@ IMAGE_REFERENCE = (
 )
 
 
+PD_ROLES = ("prefill", "decode")
+# Settings both roles of a P/D service share (on the service, not on a role): the connector copies KV-cache
+# blocks as they are (block size, KV-cache dtype, dtype), decode continues what prefill started (the context
+# length), and clients reach both under one name.
+PD_SHARED = ("block_size", "kv_cache_dtype", "dtype", "max_model_len", "served_model_name")
+
+
+class PdRoleSpec(_Frozen):
+    """One role (prefill or decode) of a P/D service: its replicas, where, and the settings only it has."""
+
+    replicas: int | Literal["auto"] = 1
+    hosts: tuple[str, ...] | None = Field(default=None, min_length=1)
+    serving: ServingSpec = ServingSpec()  # what it sets overlays the service's serving (PD_SHARED excepted)
+
+    @field_validator("replicas")
+    @classmethod
+    def _at_least_one(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and not 1 <= value <= 99:
+            raise ValueError("a number of replicas from 1 to 99, or auto (as many as fit)")
+        return value
+
+    @model_validator(mode="after")
+    def _not_shared(self) -> PdRoleSpec:
+        shared = sorted(set(PD_SHARED) & self.serving.model_fields_set)
+        if shared:
+            raise ValueError(
+                f"{', '.join(shared)} on the service's serving, not on a role: both roles must agree "
+                "(the connector copies KV-cache blocks as they are)"
+            )
+        return self
+
+
+class PdSpec(_Frozen):
+    """Prefill/decode disaggregation of one service (issue 39): its prefill replicas compute each prompt and
+    hand the KV cache over the connector to a decode replica, which generates; the service's vllm-router runs
+    in P/D mode (``--vllm-pd-disaggregation``) behind the gateway like any other service's."""
+
+    connector: Literal["NixlConnector"] = "NixlConnector"  # the one vllm-router's P/D mode reaches by URL
+    # false: TEST ONLY (the lab's CPU image has no connector): decode computes the prompt again
+    kv_transfer: bool = True
+    side_channel_port: int = Field(default=5600, ge=1024, le=65535)  # NIXL's, per replica and TP rank
+    ucx_net_devices: str | None = Field(default=None, min_length=1)  # UCX_NET_DEVICES (None: UCX chooses)
+    prefill: PdRoleSpec = PdRoleSpec()
+    decode: PdRoleSpec = PdRoleSpec()
+
+    def role(self, name: str) -> PdRoleSpec:
+        return self.prefill if name == "prefill" else self.decode
+
+
 class ServiceSpec(_Frozen):
-    """One model the fleet serves, as replicas of one shape (fleet/services.py, ``gpufleet_services``)."""
+    """One model the fleet serves, as replicas of one shape (fleet/services.py, ``gpufleet_services``), or
+    as prefill and decode replicas (``pd``)."""
 
     name: str = Field(pattern=SERVICE_NAME)  # what clients send as `model` (unless serving names another)
     model: ModelSpec
@@ -241,6 +291,28 @@ class ServiceSpec(_Frozen):
     serving: ServingSpec = ServingSpec()
     # the image its replicas run (each in its own container); None = the fleet's (ray_cluster_image)
     image: str | None = None
+    pd: PdSpec | None = None  # prefill and decode replicas instead of `replicas` and `hosts`
+
+    @model_validator(mode="after")
+    def _pd_alone(self) -> ServiceSpec:
+        if self.pd is not None:
+            both = sorted({"replicas", "hosts"} & self.model_fields_set)
+            if both:
+                raise ValueError(
+                    f"{' and '.join(both)} beside pd: a P/D service sets them per role "
+                    "(pd.prefill.replicas, pd.decode.hosts, ...)"
+                )
+        return self
+
+    def serving_of(self, role: str | None) -> ServingSpec:
+        """The settings of a replica of ``role`` (None: a service without roles): the service's, overlaid
+        with what the role sets."""
+        if self.pd is None or role is None:
+            return self.serving
+        overlay = self.pd.role(role).serving
+        return self.serving.model_copy(
+            update={name: getattr(overlay, name) for name in overlay.model_fields_set}
+        )
 
     @field_validator("image")
     @classmethod

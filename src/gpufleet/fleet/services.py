@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from gpufleet.fleet.raw import RawHost
-from gpufleet.fleet.schema import VARIABLES, FleetSpec, ModelSpec, ServiceSpec, gpu_memory_gib
+from gpufleet.fleet.schema import PD_ROLES, VARIABLES, FleetSpec, ModelSpec, ServiceSpec, gpu_memory_gib
 from gpufleet.planner.placement import Node, Placement, PlacementError, Replica, Shape, place
 from gpufleet.problems import Problem
 
@@ -73,6 +73,12 @@ def read_services(
         data = dict(item)
         if isinstance(data.get("hosts"), list):
             data["hosts"] = _expand(data["hosts"], groups)
+        if isinstance(data.get("pd"), dict):  # a P/D service's roles name their own nodes or groups
+            data["pd"] = dict(data["pd"])
+            for role in PD_ROLES:
+                spec = data["pd"].get(role)
+                if isinstance(spec, dict) and isinstance(spec.get("hosts"), list):
+                    data["pd"][role] = {**spec, "hosts": _expand(spec["hosts"], groups)}
         try:
             services.append(ServiceSpec.model_validate(data))
         except ValidationError as error:
@@ -164,18 +170,38 @@ def place_fleet(fleet: FleetSpec) -> Placement:
     nodes = [Node(node.name, node.gpus.count if node.gpu else 0) for node in fleet.nodes]
     head_first = sorted(nodes, key=lambda node: node.name != fleet.head.name)
     legacy = not fleet.services
-    shapes = [
-        Shape(
-            service=service.name,
-            tensor_parallel_size=service.serving.tensor_parallel_size,
-            pipeline_parallel_size=service.serving.pipeline_parallel_size,
-            replicas=None if service.replicas == "auto" else service.replicas,
-            hosts=service.hosts,
-            port=service.serving.port if legacy or "port" in service.serving.model_fields_set else None,
-            spans_fleet=legacy,
-        )
-        for service in services_of(fleet)
-    ]
+    shapes: list[Shape] = []
+    for service in services_of(fleet):
+        if service.pd is None:
+            shapes.append(
+                Shape(
+                    service=service.name,
+                    tensor_parallel_size=service.serving.tensor_parallel_size,
+                    pipeline_parallel_size=service.serving.pipeline_parallel_size,
+                    replicas=None if service.replicas == "auto" else service.replicas,
+                    hosts=service.hosts,
+                    port=service.serving.port
+                    if legacy or "port" in service.serving.model_fields_set
+                    else None,
+                    spans_fleet=legacy,
+                )
+            )
+            continue
+        for role in PD_ROLES:  # two shapes: the prefill replicas, then the decode ones
+            spec, serving = service.pd.role(role), service.serving_of(role)
+            set_port = "port" in spec.serving.model_fields_set or "port" in service.serving.model_fields_set
+            shapes.append(
+                Shape(
+                    service=service.name,
+                    tensor_parallel_size=serving.tensor_parallel_size,
+                    pipeline_parallel_size=serving.pipeline_parallel_size,
+                    replicas=None if spec.replicas == "auto" else spec.replicas,
+                    hosts=spec.hosts,
+                    port=serving.port if set_port else None,
+                    role=role,
+                    side_channel_port=service.pd.side_channel_port,
+                )
+            )
     return place(head_first, shapes)
 
 
@@ -187,13 +213,16 @@ def served(fleet: FleetSpec) -> str:
     placement = place_fleet(fleet)
     described = []
     for service in fleet.services:
-        replicas = placement.of(service.name)
-        gpus = sum(len(member.gpus) for member in replicas[0].members) if replicas else 0
-        shape = (
-            f"{len(replicas)} replica(s) of {gpus} GPU(s)" if gpus else f"{len(replicas)} replica(s) on CPU"
-        )
+        shapes = []
+        for role in PD_ROLES if service.pd is not None else (None,):
+            replicas = [replica for replica in placement.of(service.name) if replica.role == role]
+            gpus = sum(len(member.gpus) for member in replicas[0].members) if replicas else 0
+            kind = f"{role} replica(s)" if role else "replica(s)"
+            shapes.append(
+                f"{len(replicas)} {kind} of {gpus} GPU(s)" if gpus else f"{len(replicas)} {kind} on CPU"
+            )
         asked = ", replicas: auto" if service.replicas == "auto" else ""
-        described.append(f"{service.name} ({service.model.repo}) as {shape}{asked}")
+        described.append(f"{service.name} ({service.model.repo}) as {' and '.join(shapes)}{asked}")
     return f"{len(fleet.services)} service(s): " + "; ".join(described)
 
 
@@ -308,7 +337,7 @@ def replica_requests(
         requests[replica.id] = PlanRequest(
             hf_config=configs[replica.service],
             gpus=tuple(GpuDevice(name=name, memory_gib=memory) for name, memory in devices),
-            **service.serving.model_dump(exclude={"served_model_name", "port"}),
+            **service.serving_of(replica.role).model_dump(exclude={"served_model_name", "port"}),
         )
     return requests
 

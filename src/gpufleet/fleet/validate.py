@@ -19,6 +19,7 @@ from gpufleet.fleet.control import control_problems
 from gpufleet.fleet.disagg import check_disagg, has_pools
 from gpufleet.fleet.host_names import host_name_problems
 from gpufleet.fleet.inventory import read_inventory
+from gpufleet.fleet.pd import fleet_image, pd_problems
 from gpufleet.fleet.ports import check_ports
 from gpufleet.fleet.raw import RawHost, RawInventory
 from gpufleet.fleet.role_values import check_values, role_options
@@ -122,6 +123,10 @@ def validate(raw: RawInventory) -> Validation:
     if result.fleet is not None:
         if result.fleet.services:  # each service's replicas on GPUs of their own (fleet/services.py)
             problems, warnings = service_problems(result.fleet)
+            result.problems += problems
+            result.warnings += warnings
+            head_vars = next((host for host in nodes if "ray_head" in host.groups), nodes[0]).variables
+            problems, warnings = pd_problems(result.fleet, head_vars, fleet_image(project_root()))
             result.problems += problems
             result.warnings += warnings
         elif not pools:

@@ -52,6 +52,10 @@ class Shape:
     hosts: tuple[str, ...] | None = None  # the nodes its replicas may use (None: every node)
     port: int | None = None  # its replicas' first port on a node (None: assigned from FIRST_REPLICA_PORT)
     spans_fleet: bool = False  # the inventory before services: one replica over every GPU of the fleet
+    role: str | None = None  # prefill or decode: one of the two shapes of a P/D service (None: no roles)
+    # the first NIXL side-channel port of its replicas on a node (None: no KV connector); each replica takes
+    # tensor_parallel_size ports from the first free one
+    side_channel_port: int | None = None
 
     @property
     def world_size(self) -> int:
@@ -72,9 +76,12 @@ class Replica:
     index: int  # 0, 1, ... within its service
     members: tuple[Member, ...]
     port: int
-    # Its instance id (/etc/gpufleet/instances/<id>/, unit gpufleet-vllm@<id>): <service>-<index>; the one
+    # Its instance id (/etc/gpufleet/instances/<id>/, unit gpufleet-vllm@<id>): <service>-<index>, or
+    # <service>-p<index> and <service>-d<index> for a P/D service's prefill and decode replicas; the one
     # replica of an inventory before services keeps the instance it always had (`default`): nothing moves.
     id: str
+    role: str | None = None  # prefill, decode, or None (a service without roles)
+    side_channel_port: int | None = None  # its first NIXL side-channel port on its node (P/D only)
 
     @property
     def node(self) -> str:
@@ -114,12 +121,14 @@ class _Free:
     nodes: tuple[Node, ...]
     gpus: dict[str, list[int]] = field(default_factory=dict)
     ports: dict[str, set[int]] = field(default_factory=dict)
+    side_ports: dict[str, set[int]] = field(default_factory=dict)  # NIXL side channels taken, per node
     count: dict[str, int] = field(default_factory=dict)  # replicas per node, every service
 
     def __post_init__(self) -> None:
         for node in self.nodes:
             self.gpus[node.name] = list(range(node.gpus))
             self.ports[node.name] = set()
+            self.side_ports[node.name] = set()
             self.count[node.name] = 0
 
     def take(self, node: str, count: int) -> tuple[int, ...]:
@@ -128,16 +137,16 @@ class _Free:
 
 
 def _where(shape: Shape) -> str:
-    return f"service {shape.service}"
+    return f"service {shape.service}" + (f" ({shape.role})" if shape.role else "")
 
 
 def place(nodes: Sequence[Node], shapes: Sequence[Shape]) -> Placement:
     """Every replica of every service on concrete GPUs, in the services' order; raises
     :class:`PlacementError` with every service that cannot be placed."""
     problems: list[Problem] = []
-    seen: set[str] = set()
+    seen: set[tuple[str, str | None]] = set()
     for shape in shapes:
-        if shape.service in seen:
+        if (shape.service, shape.role) in seen:
             problems.append(
                 Problem(
                     _where(shape),
@@ -147,7 +156,7 @@ def place(nodes: Sequence[Node], shapes: Sequence[Shape]) -> Placement:
                     f"rename one of the two services named {shape.service}",
                 )
             )
-        seen.add(shape.service)
+        seen.add((shape.service, shape.role))
     if problems:
         raise PlacementError(problems)
     free = _Free(tuple(nodes))
@@ -268,8 +277,23 @@ def _replica(shape: Shape, members: tuple[Member, ...], free: _Free, made: Seque
     free.ports[node].add(port)
     for member in members:
         free.count[member.node] += 1
-    instance = shape.service if shape.spans_fleet else f"{shape.service}-{len(made)}"
-    return Replica(shape.service, len(made), members, port, instance)
+    role = shape.role[0] if shape.role else ""  # p or d
+    instance = shape.service if shape.spans_fleet else f"{shape.service}-{role}{len(made)}"
+    side = _side_channel(shape, node, free)
+    return Replica(shape.service, len(made), members, port, instance, shape.role, side)
+
+
+def _side_channel(shape: Shape, node: str, free: _Free) -> int | None:
+    """The first of ``tensor_parallel_size`` free NIXL side-channel ports on ``node`` from the shape's
+    (one per rank: vLLM adds the rank's index to VLLM_NIXL_SIDE_CHANNEL_PORT), taken; None without one."""
+    if shape.side_channel_port is None:
+        return None
+    width = max(shape.tensor_parallel_size, 1)
+    first = shape.side_channel_port
+    while any(first + offset in free.side_ports[node] for offset in range(width)):
+        first += width
+    free.side_ports[node].update(range(first, first + width))
+    return first
 
 
 def _spanning(shape: Shape, nodes: list[Node], free: _Free) -> Replica:

@@ -241,7 +241,8 @@ def print_status_report(console: Console, report: StatusReport) -> None:
         for replica in (r for r in report.replicas if r.service == name):
             gpus = ",".join(str(gpu) for gpu in replica.gpus) or "-"
             ready = "ready" if replica.ready else f"not ready (unit {replica.unit})"
-            line = f"  {replica.id} on {replica.node} (GPUs {gpus}) {replica.url}: {ready}"
+            role = f"{replica.role}, " if replica.role else ""
+            line = f"  {replica.id} on {replica.node} ({role}GPUs {gpus}) {replica.url}: {ready}"
             console.print(line, highlight=False)
     if report.load is not None:
         console.print(_load_line(report.load), highlight=False)

@@ -254,6 +254,7 @@ class ReplicaState(_Published):
     gpus: tuple[int, ...] = ()
     unit: str = "unknown"
     ready: bool = False
+    role: Literal["prefill", "decode"] | None = None  # a P/D service's replica: its role
 
     @property
     def problems(self) -> list[str]:
@@ -346,13 +347,18 @@ class StatusReport(_Frozen):
 
     @property
     def services(self) -> dict[str, Literal["up", "degraded", "down"]]:
-        """Each service by its replicas: up (all ready), degraded (some), down (none); {} for one model."""
-        ready: dict[str, list[bool]] = {}
+        """Each service by its replicas: up (all ready), degraded (some), down (none); {} for one model. A P/D
+        service is down when every replica of one role is (a request needs a prefill and a decode)."""
+        ready: dict[str, dict[str | None, list[bool]]] = {}
         for replica in self.replicas:
-            ready.setdefault(replica.service, []).append(replica.ready)
-        return {
-            name: "up" if all(seen) else ("degraded" if any(seen) else "down") for name, seen in ready.items()
-        }
+            ready.setdefault(replica.service, {}).setdefault(replica.role, []).append(replica.ready)
+        states: dict[str, Literal["up", "degraded", "down"]] = {}
+        for name, roles in ready.items():
+            seen = [flag for flags in roles.values() for flag in flags]
+            states[name] = (
+                "up" if all(seen) else ("degraded" if all(any(flags) for flags in roles.values()) else "down")
+            )
+        return states
 
     @property
     def problems(self) -> list[str]:

@@ -1,0 +1,96 @@
+"""Checks of a P/D service (``gpufleet_services[].pd``, issue 39) that its schema cannot make alone: whether
+the image its replicas run can move the KV cache, and the settings measured to matter on the GPU machine.
+
+The schema (:class:`gpufleet.fleet.schema.PdSpec`) already refuses what cannot work in itself: a connector
+other than NixlConnector (the one vllm-router's P/D mode reaches by URL), ``replicas`` or ``hosts`` beside
+``pd``, and a setting both roles must share (block size, KV-cache dtype, dtype, context length, the name
+clients send) set on one role. Placement names a role that does not fit (``service NAME (decode)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from gpufleet.compat import image_facts
+from gpufleet.fleet.compatibility import _from_bundle
+from gpufleet.fleet.schema import FleetSpec, ServiceSpec
+from gpufleet.problems import Problem
+
+VARIABLE = "gpufleet_services"
+LAB_IMAGE = "gpufleet/vllm-cpu:"  # the lab's CPU build of vLLM: no NIXL, no GPU
+
+
+def pd_problems(
+    fleet: FleetSpec, head_variables: Mapping[str, Any], fleet_image: str | None
+) -> tuple[list[Problem], list[str]]:
+    """What keeps each P/D service of ``fleet`` from moving its KV cache (problems), and what is slow or test
+    only (warnings). ``fleet_image`` is the image a service without its own runs (ray_cluster_image)."""
+    problems: list[Problem] = []
+    warnings: list[str] = []
+    for service in fleet.services:
+        if service.pd is None:
+            continue
+        where = f"{VARIABLE}: service {service.name}"
+        if not service.pd.kv_transfer:
+            warnings.append(
+                f"service {service.name}: pd.kv_transfer is false: KV transfer is OFF (test only). Its "
+                "router sends each request to a prefill and then a decode replica, but decode computes the "
+                "prompt again; not for production"
+            )
+            continue
+        reference = service.image or str(head_variables.get("ray_cluster_image") or fleet_image or "")
+        field = "image" if service.image else "ray_cluster_image"
+        problem = _image_problem(fleet, service, where, field, reference)
+        if isinstance(problem, Problem):
+            problems.append(problem)
+        elif problem:
+            warnings.append(problem)
+        if service.serving.block_size == 16:
+            warnings.append(
+                f"service {service.name}: serving.block_size 16 with pd: NIXL moves the KV cache one block "
+                "per descriptor, and on an H100 1P1D at block 16 reached half a plain instance's "
+                "requests/s, at 128 the same (tests/gpu/README.md, 'P/D through vllm-router'); set "
+                "serving.block_size: 128"
+            )
+    return problems, warnings
+
+
+def _image_problem(
+    fleet: FleetSpec, service: ServiceSpec, where: str, field: str, reference: str
+) -> Problem | str | None:
+    """A problem when the image cannot move the KV cache, a warning when that is not known, else None."""
+    if reference.startswith(LAB_IMAGE):
+        return Problem(
+            where,
+            f"{field} / pd.kv_transfer",
+            f"{reference} (vLLM's CPU build: no NIXL) with KV transfer on",
+            "an image whose vLLM can move the KV cache between GPUs (NIXL)",
+            "serve a CUDA vLLM image with NIXL (vllm/vllm-openai); in the lab only, set "
+            "pd.kv_transfer: false",
+        )
+    facts = image_facts(reference, _from_bundle(fleet, reference))
+    if facts.has_nixl is False:
+        return Problem(
+            where,
+            field,
+            f"{reference}, which has no NIXL (the `nixl` Python package, with UCX)",
+            "an image with NIXL for pd.connector NixlConnector",
+            "serve an image built with NIXL (vLLM's Dockerfile: INSTALL_KV_CONNECTORS=true; vllm/vllm-openai "
+            "has it)",
+        )
+    if facts.has_nixl is None:
+        return (
+            f"service {service.name}: whether {reference} has NIXL (the `nixl` package, with UCX) is not "
+            "known; the P/D replicas need it. Check with `docker run --rm IMAGE python3 -c 'import nixl'`"
+        )
+    return None
+
+
+def fleet_image(root: Path | None) -> str | None:
+    """The ray_cluster role's default image: what a service runs where the inventory sets none."""
+    from gpufleet.fleet.disagg import role_defaults  # noqa: PLC0415
+
+    image = role_defaults(root, "ray_cluster").get("ray_cluster_image")
+    return str(image) if image else None
