@@ -1,12 +1,12 @@
 #!/bin/bash
-# On the one-GPU machine (device tool), from the repo root: the vllm_pd role's 1P1D on one shared GPU.
+# On the one-GPU machine (device tool), from the repo root: a P/D service (1P1D) on one shared GPU.
 # The vLLM payload of build_payload.sh arrives split again into 50 MB parts .gpu/pd/q0 .. q3 (p0 alone plus the
 # working tree is over the 64 MiB a call carries), NIXL as .gpu/pd/nixl.tar.xz (nixl 1.5.1 + nixl_cu13, without
 # nixl_ep and the headers) and vllm-router's wheel, one or two per call; each call adds what it carries to
 # /root/stash.
 #   tests/gpu/pd_device_run.sh stash     store the carried part(s) and stop
 #   tests/gpu/pd_device_run.sh prepare   also unpack the payload (and NIXL if here), build the model dir
-#   tests/gpu/pd_device_run.sh run       prepare, then pd_runner.py with .gpu/pd/rendered (pd_render.sh)
+#   tests/gpu/pd_device_run.sh run       prepare, then pd_runner.py with .gpu/pd/rendered (pd_services_render.sh)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 out=${OUT:-/tmp/out}

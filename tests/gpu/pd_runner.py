@@ -1,22 +1,20 @@
-"""Run the vllm_pd role's rendered 1P1D files on ONE GPU (the device side of pd_device_run.sh).
+"""Run a P/D service's rendered files (pd_services_render.sh: gpufleet's services path) on ONE GPU (the device
+side of pd_device_run.sh).
 
-The prefill and the decode instance share GPU 0 (``CUDA_VISIBLE_DEVICES=0``, set here: the role has no GPU
-choice, on real nodes each container has its own GPUs); each is ``vllm serve --config <host>.yaml`` with the
-environment of its rendered env file (like ``docker exec --env-file``). The prefill instance starts first and
-the decode instance once the prefill lists the model (two vLLM engines profiling one GPU at once would
-count each other's memory). Then the role's proxy (roles/vllm_pd/files/pd_proxy.py, as is) with the rendered
-pd-proxy.json and pd-proxy.env. Checks: chat through the proxy with the key (200, content, route headers),
-streamed, without the key (401); the instances' KV-transfer log lines and /metrics; ``vllm bench serve``
-through the proxy; then everything stopped with SIGTERM, and ONE plain instance (single.yaml: the same
-settings, no kv-transfer-config) started on the same GPU and benched the same way.
-
-Between the two (issue 39), the same prefill and decode instances behind vllm-router 0.1.17's P/D mode
-(``--vllm-pd-disaggregation --prefill URL --decode URL --kv-connector nixl``), run by the gateway role's own
-launcher (roles/gateway/files/gpufleet_router.py) from the wheel unpacked in ROUTER_DIR, with the key in
-``OPENAI_API_KEY`` (the P/D router sends its own key to the workers): chats with and without the key,
-streamed, and the same bench (another seed: no prefix shared with the proxy's). The engines log UCX's
-protocol choice (``UCX_PROTO_INFO=y``); ``PD_UCX_TLS`` restricts UCX's transports for a second run,
-``PD_ROUTER_FIRST=1`` benches the router before the proxy, ``PD_SINGLE=0`` leaves the plain instance out.
+The prefill and the decode replica share GPU 0 (``CUDA_VISIBLE_DEVICES=0``, set here: placement gave each a
+GPU of the two the render inventory declares; on real nodes each has its own); each is ``vllm serve --config
+<role>.yaml`` with the environment of its rendered env file (like ``docker run --env-file``) less the NIC
+settings of the render inventory (this machine's interface names differ). The prefill replica starts first
+and the decode one once the prefill lists the model (two vLLM engines profiling one GPU at once would count
+each other's memory). Then the service's vllm-router in P/D mode with its rendered arguments (router.json, the
+gateway role's template), run by the gateway role's own launcher (roles/gateway/files/gpufleet_router.py) from
+the wheel unpacked in ROUTER_DIR, with the key in ``OPENAI_API_KEY`` (what the launcher takes from the unit's
+credential): chats with the key, streamed, without the key (the P/D router answers: on a host the gateway role
+locks its port), the replicas' KV-transfer lines and /metrics, the router's P/D counters, and ``vllm bench
+serve`` through the router. Then everything stopped with SIGTERM, and ONE plain instance (single.yaml: the
+same settings, no roles) started on the same GPU and benched the same way. The engines log UCX's protocol
+choice (``UCX_PROTO_INFO=y``); ``PD_UCX_TLS`` restricts UCX's transports, ``PD_SINGLE=0`` leaves the plain
+instance out.
 
 Usage: python3 pd_runner.py RENDERED_DIR OUT_DIR
 """
@@ -40,10 +38,10 @@ from mp_runner import VLLM, env_file, gpu_used, http, say
 
 LIMIT = float(os.environ.get("PD_LIMIT", "560"))  # seconds for the whole run (the device call's limit is 600)
 READY_LIMIT = 240
-PROXY = Path(__file__).resolve().parents[2] / "roles/vllm_pd/files/pd_proxy.py"
 ROUTER = Path(__file__).resolve().parents[2] / "roles/gateway/files/gpufleet_router.py"
 ROUTER_DIR = Path(os.environ.get("ROUTER_DIR", "/root/router"))
-ROUTER_PORT, ROUTER_METRICS = 8400, 29400
+# the render inventory's NIC (eth0): not this machine's; one GPU per replica needs neither
+NOT_HERE = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 # UCX says which protocol and transport it picked for each operation (to the engines' logs)
 UCX_ENV = {"UCX_PROTO_INFO": "y"} | (
     {"UCX_TLS": os.environ["PD_UCX_TLS"]} if os.environ.get("PD_UCX_TLS") else {}
@@ -71,7 +69,8 @@ def start(name: str, cmd: list[str], env: dict[str, str], out: Path) -> Popen[by
 
 
 def start_vllm(host: str, rendered: Path, out: Path) -> Popen[bytes]:
-    env = os.environ | env_file(rendered / f"{host}.env") | {"CUDA_VISIBLE_DEVICES": "0"}
+    own = {k: v for k, v in env_file(rendered / f"{host}.env").items() if k not in NOT_HERE}
+    env = os.environ | own | {"CUDA_VISIBLE_DEVICES": "0"}
     if host != "single":
         env |= UCX_ENV
     cmd = [sys.executable, "-c", VLLM, "serve", "--config", str(rendered / f"{host}.yaml")]
@@ -170,16 +169,14 @@ def log_lines(out: Path, host: str, limit: int = 60) -> str:
     return f"{len(lines)} lines; counts {counts}\n" + "\n".join(keys[:limit])
 
 
-def pd_part(rendered: Path, out: Path, key: str, results: dict[str, dict[str, object]]) -> bool:  # noqa: PLR0912
+def pd_part(rendered: Path, out: Path, key: str, results: dict[str, dict[str, object]]) -> bool:
     cfg = {h: yaml.safe_load((rendered / f"{h}.yaml").read_text()) for h in ("prefill", "decode")}
-    proxy_cfg = json.loads((rendered / "pd-proxy.json").read_text())
     name, model = cfg["decode"]["served-model-name"], cfg["decode"]["model"]
     for host in ("prefill", "decode"):
         say(out, f"--- {host}.yaml (as rendered)\n{(rendered / f'{host}.yaml').read_text()}")
         lines = [x for x in (rendered / f"{host}.env").read_text().splitlines() if "=" in x and x[0] != "#"]
         envs = [x.split("=")[0] + ("=<key>" if "KEY" in x else "=" + x.split("=", 1)[1]) for x in lines]
         say(out, f"--- {host}.env (key hidden): {envs}")
-    say(out, f"--- pd-proxy.json (as rendered)\n{json.dumps(proxy_cfg)}")
     procs: dict[str, Popen[bytes]] = {}
     ok = False
     try:
@@ -195,62 +192,19 @@ def pd_part(rendered: Path, out: Path, key: str, results: dict[str, dict[str, ob
             if listed != [name]:
                 return False
         urls = {h: f"http://{cfg[h]['host']}:{cfg[h]['port']}" for h in ("prefill", "decode")}
-        router_first = os.environ.get("PD_ROUTER_FIRST") == "1"  # the bench order swapped, to see its effect
-        if router_first:
-            procs["router"] = router_part(urls, name=name, model=model, key=key, out=out, results=results)
-        env = os.environ | env_file(rendered / "pd-proxy.env")
-        procs["proxy"] = start(
-            "proxy", [sys.executable, str(PROXY), str(rendered / "pd-proxy.json")], env, out
+        procs["router"], ok = router_part(
+            rendered, urls, name=name, model=model, key=key, out=out, results=results
         )
-        base = f"http://{proxy_cfg['host']}:{proxy_cfg['port']}"
-        t = time.time()
-        health = None
-        while time.time() - t < 30 and procs["proxy"].poll() is None:
-            try:
-                health = http(f"{base}/health", None)
-                break
-            except OSError:
-                time.sleep(0.5)
-        say(out, f"proxy /health after {time.time() - t:.1f} s: {health}")
-        chat = {"model": name, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 16}
-        t = time.time()
-        status, headers, body = raw(f"{base}/v1/chat/completions", key, chat)
-        took = time.time() - t
-        route = {k: v for k, v in headers.items() if k.lower().startswith("x-gpufleet")}
-        content = json.loads(body)["choices"][0]["message"]["content"] if status == 200 else body[:300]
-        say(out, f"chat through proxy with key: {status} in {took:.2f} s, route {route}, answer {content!r}")
-        s_status, _, s_body = raw(f"{base}/v1/chat/completions", key, chat | {"stream": True})
-        chunks = s_body.count("data: ")
-        say(out, f"streamed chat with key: {s_status}, {chunks} SSE chunks, ends {s_body.strip()[-20:]!r}")
-        n_status, _, n_body = raw(f"{base}/v1/chat/completions", None, chat)
-        say(out, f"chat without key: {n_status} {n_body[:150]!r}")
-        m_status, _ = http(f"{base}/v1/models", None)
-        say(out, f"/v1/models through proxy without key: {m_status}")
-        ok = status == 200 and bool(content) and s_status == 200 and n_status == 401 and m_status == 401
-        time.sleep(6)  # vLLM logs its stats (KV Transfer metrics among them) every 5 s
-        for host in ("prefill", "decode"):
-            url = f"http://{cfg[host]['host']}:{cfg[host]['port']}"
-            say(out, f"--- {host} /metrics after the chats (KV transfer, prefix cache):\n{metrics(url)}")
-        if left() > 260:
-            results["1P1D via proxy"] = bench(base, name=name, model=model, key=key, label="pd", out=out)
-            say(out, f"proxy /health after the bench: {http(f'{base}/health', None)}")
-            time.sleep(6)
-            for host in ("prefill", "decode"):
-                url = f"http://{cfg[host]['host']}:{cfg[host]['port']}"
-                say(out, f"--- {host} /metrics after the bench:\n{metrics(url)}")
-        else:
-            say(out, f"bench (pd): skipped, {left():.0f} s left")
-        if not router_first and left() > 230:
-            procs["router"] = router_part(urls, name=name, model=model, key=key, out=out, results=results)
     except Exception as e:  # a failed check still stops everything and shows the logs
         say(out, "pd check failed:", repr(e)[:500])
         ok = False
     finally:
         t = time.time()
-        order = {k: procs[k] for k in ("router", "proxy", "decode", "prefill") if k in procs}
+        order: dict[str, Popen[bytes]] = {k: procs[k] for k in ("router", "decode", "prefill") if k in procs}
+        order |= {f"relay{i}": relay for i, relay in enumerate(RELAYS)}
         say(
             out,
-            "stop (router, proxy, decode, prefill):",
+            "stop (router, decode, prefill):",
             stop(order),
             f"in {time.time() - t:.1f} s; GPU MiB:",
             gpu_used(),
@@ -263,22 +217,63 @@ def pd_part(rendered: Path, out: Path, key: str, results: dict[str, dict[str, ob
     return ok
 
 
+# PD_SNIFF=1: a TCP relay in front of the decode replica that logs the first bytes of each request it carries
+SNIFF_URL = "http://127.0.0.1:8111"
+RELAYS: list[Popen[bytes]] = []
+RELAY = r"""
+import asyncio, sys
+target, seen = int(sys.argv[1]), [0]
+async def pipe(reader, writer, log):
+    while data := await reader.read(65536):
+        if log and data.startswith(b"POST") and seen[0] < 4:
+            seen[0] += 1
+            print("REQUEST", seen[0], data[:3000].decode(errors="replace").replace("\r\n", " | "), flush=True)
+        writer.write(data)
+        await writer.drain()
+    writer.close()
+async def serve(reader, writer):
+    up_reader, up_writer = await asyncio.open_connection("127.0.0.1", target)
+    both = (pipe(reader, up_writer, True), pipe(up_reader, writer, False))
+    await asyncio.gather(*both, return_exceptions=True)
+async def main():
+    async with await asyncio.start_server(serve, "127.0.0.1", 8111) as server:
+        await server.serve_forever()
+asyncio.run(main())
+"""
+
+
 def router_part(
-    urls: dict[str, str], *, name: str, model: str, key: str, out: Path, results: dict[str, dict[str, object]]
-) -> Popen[bytes]:
-    """vllm-router's P/D mode in front of the same two instances: chats, then the bench (seed 1)."""
-    config = {"path": str(ROUTER_DIR), "args": [
-        "--host", "127.0.0.1", "--port", str(ROUTER_PORT), "--vllm-pd-disaggregation",
-        "--prefill", urls["prefill"], "--decode", urls["decode"], "--policy", "round_robin",
-        "--kv-connector", "nixl", "--health-check-interval-secs", "1",
-        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(ROUTER_METRICS)]}  # fmt: skip
+    rendered: Path,
+    urls: dict[str, str],
+    *,
+    name: str,
+    model: str,
+    key: str,
+    out: Path,
+    results: dict[str, dict[str, object]],
+) -> tuple[Popen[bytes], bool]:
+    """The service's vllm-router in P/D mode as rendered (its wheel here in ROUTER_DIR): chats, the bench."""
+    config = json.loads((rendered / "router.json").read_text()) | {"path": str(ROUTER_DIR)}
+    args = config["args"]
+    if os.environ.get("PD_SNIFF") == "1":  # what the router sends the decode replica, through a logging relay
+        relay = start(
+            "relay", [sys.executable, "-c", RELAY, urls["decode"].rsplit(":", 1)[1]], dict(os.environ), out
+        )
+        RELAYS.append(
+            relay
+        )  # stopped with the replicas (a relay left running holds its port for the next run)
+        time.sleep(1)
+        args = [SNIFF_URL if arg == urls["decode"] else arg for arg in args]
+        config["args"] = args
+        say(out, f"relay {SNIFF_URL} -> {urls['decode']} (pid {relay.pid}): what the router sends decode")
+    port, metrics_port = args[args.index("--port") + 1], args[args.index("--prometheus-port") + 1]
     path = out / "router.json"
     path.write_text(json.dumps(config))
-    say(out, f"--- router.json\n{json.dumps(config)}")
+    say(out, f"--- router.json (as rendered, its wheel here)\n{json.dumps(config)}")
     proc = start(
         "router", [sys.executable, str(ROUTER), str(path)], os.environ | {"OPENAI_API_KEY": key}, out
     )
-    base = f"http://127.0.0.1:{ROUTER_PORT}"
+    base = f"http://127.0.0.1:{port}"
     t, health = time.time(), None
     while time.time() - t < 60 and proc.poll() is None:
         try:
@@ -300,13 +295,22 @@ def router_part(
     say(out, f"streamed chat through router: {s_status}, {s_body.count('data: ')} SSE chunks")
     n_status, _, n_body = raw(f"{base}/v1/chat/completions", None, chat)
     say(out, f"chat through router WITHOUT key: {n_status} {n_body[:120]!r} (the router adds its own key)")
-    results["1P1D via vllm-router"] = bench(
-        base, name=name, model=model, key=key, label="router", out=out, seed=1
-    )
+    ok = status == 200 and bool(content) and s_status == 200
+    time.sleep(6)  # vLLM logs its stats (KV Transfer metrics among them) every 5 s
+    for role, url in urls.items():
+        say(out, f"--- {role} /metrics after the chats (KV transfer, prefix cache):\n{metrics(url)}")
+    if left() > 230:
+        results["1P1D via vllm-router"] = bench(
+            base, name=name, model=model, key=key, label="router", out=out
+        )
+        ok = ok and bool(results["1P1D via vllm-router"])
+    else:
+        say(out, f"bench (router): skipped, {left():.0f} s left")
     time.sleep(6)
-    say(out, f"--- router /metrics (P/D):\n{metrics(f'http://127.0.0.1:{ROUTER_METRICS}', ROUTER_KEYS)}")
-    say(out, f"--- decode /metrics after the router's bench:\n{metrics(urls['decode'])}")
-    return proc
+    say(out, f"--- router /metrics (P/D):\n{metrics(f'http://127.0.0.1:{metrics_port}', ROUTER_KEYS)}")
+    for role, url in urls.items():
+        say(out, f"--- {role} /metrics after the bench:\n{metrics(url)}")
+    return proc, ok
 
 
 def single_part(rendered: Path, out: Path, key: str, results: dict[str, dict[str, object]]) -> bool:
@@ -351,7 +355,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     key = env_file(rendered / "prefill.env")["VLLM_API_KEY"]
     results: dict[str, dict[str, object]] = {}
-    say(out, f"=== 1P1D (vllm_pd, NixlConnector) on one GPU; GPU MiB used at start: {gpu_used()}")
+    say(out, f"=== 1P1D (a P/D service, NixlConnector) on one GPU; GPU MiB used at start: {gpu_used()}")
     pd_ok = pd_part(rendered, out, key, results)
     say(out, f"=== 1P1D: {'PASS' if pd_ok else 'FAIL'} ({time.time() - T0:.0f} s so far)")
     single_ok = False

@@ -1,17 +1,14 @@
-"""Prefill/decode disaggregation (role vllm_pd, playbooks/serve_pd.yml) on an offline lab of its own: 1P2D.
+"""A P/D service (issue 39) on the worker's session lab: one model of the fleet as a prefill replica (node1)
+and two decode replicas (node2, node3), behind the gateway like any service, through vllm-router's P/D mode.
 
-node1 is the Ray head, the prefill instance and the proxy; node2 and node3 each run a decode instance. One
-prepare (molecule/ray_cluster/prepare.yml: Docker, the CPU serving image, the tiny model on every host), then
-playbooks/cluster.yml (Ray in the containers the instances run in) and playbooks/serve_pd.yml.
-
-KV transfer is OFF here: the lab's image is vLLM's CPU build, which has neither NIXL/UCX nor NCCL, so the run
-sets the test-only switch ``vllm_pd_test_only_no_kv_transfer: true`` (no --kv-transfer-config; each decode
-instance computes the prompt again). What this proves: the role renders and starts both pools and the proxy on
-real hosts, the proxy's routing (prefill on node1, decode round-robin over node2/node3, seen in the
-X-Gpufleet-Prefill / X-Gpufleet-Decode headers) and its key check (401 without the key), streaming through the
-proxy, a second run and a check-mode run that change nothing, ``vllm_pd_state=status`` and
-``vllm_pd_state=stopped`` (proxy, then decode, then prefill). What it cannot prove: that KV blocks move from
-prefill to decode (NixlConnector / P2pNcclConnector) — that needs GPUs (issue 17 item 4).
+KV transfer is OFF here (``pd.kv_transfer: false``, the schema's TEST ONLY switch): the lab's image is vLLM's
+CPU build, without NIXL, so each decode replica computes the prompt again. What this proves on real hosts:
+the placement per role, each replica's unit and settings, the router's P/D configuration (its key a
+credential, its port closed to local users other than root and HAProxy), every request sent to the prefill
+replica and then to a decode one (the router's own counters and each replica's vLLM), the key enforced at
+the edge, status by role, a second deploy that changes nothing, a rolling change of the decode pool under
+load that fails no request, and teardown. What it cannot prove: that KV blocks move (NIXL over UCX):
+tests/gpu/README.md, "P/D through vllm-router".
 """
 
 from __future__ import annotations
@@ -19,239 +16,226 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import time
-import urllib.error
-import urllib.request
+import subprocess
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
-from conftest import REPO, VENV_BIN, ansible_env, lab_name, run_playbook, skip_unless_lab_possible
+from conftest import RunningLab
+from services_support import EDGE_PORT, ROUTER_PORT, failures, main_pid, router_workers, served_on_head
 
-from gpufleet.lab import Lab, LabInventory
-from gpufleet.lab.serving_image import DEFAULT_SPEC, ImageSpec, build
+from gpufleet.lab.demo import chat, route_to_bridge
+from gpufleet.lab.inventory import LAB_SERVING, TINY, services_inventory
+from gpufleet.runner import DeployReport, deploy, status, teardown
 
-# heavy: a lab of its own with three vLLM instances on 2 cores costs minutes that `make test` (CI, under
-# 45 min with the e2e, relay, cancel and Molecule labs) has no room for; `make test-all` runs it.
+# heavy (`make test-all`): three more vLLM starts and a rolling change on 2 cores cost `make test` minutes it
+# has no room for (issue 33: 25 minutes); the P/D path's placement, rendering, router configuration, lock,
+# admit and status are unit-tested (tests/unit/test_pd_services.py, test_gateway_pd.py,
+# test_status_details.py).
 pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.heavy, pytest.mark.timeout(2400)]
 
-PREFILL = "node1"
-DECODE = ("node2", "node3")
-UNITS = {"proxy": "gpufleet-pd-proxy", "instance": "gpufleet-vllm-pd"}
+SERVICE = "tiny-pd"
+PD_SERVICE = {
+    "name": SERVICE,
+    "model": TINY,
+    "serving": LAB_SERVING,
+    "pd": {"kv_transfer": False, "prefill": {"replicas": 1}, "decode": {"replicas": 2}},
+}
+MORE = {"gateway_edge_port": EDGE_PORT, "vllm_service_restart_sec": 3}
+CONFIG = f"/etc/gpufleet/gateway/{SERVICE}.json"
+DROP_IN = f"/etc/systemd/system/gpufleet-router@{SERVICE}.service.d/pd.conf"
+ROUTER_METRICS = r"""
+import json, re, sys, urllib.request
+port = json.load(open(sys.argv[1]))["service"]["metrics_port"]
+text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+found = {}
+pattern = r'^vllm_router_pd_(prefill|decode)_requests_total\{worker="([^"]+)"\} (\S+)$'
+for kind, worker, value in re.findall(pattern, text, re.M):
+    found[f"{kind} {worker}"] = int(float(value))
+print(json.dumps(found))
+"""
 
 
-@dataclass
-class PdLab:
-    lab: Lab
-    inventory: LabInventory
-    hosts_file: Path
-    workdir: Path
-    seconds: dict[str, float]
+@dataclass(frozen=True)
+class Pd:
+    base: Path  # the session lab's inventory: services_inventory() starts from it
+    inventory: Path
+    bundle: Path
+    first: DeployReport
+    key_file: Path
+    folder: Path
 
     @property
     def key(self) -> str:
-        return (self.workdir / "gpufleet.apikey").read_text(encoding="utf-8").strip()
-
-    @property
-    def proxy(self) -> str:
-        return f"http://{self.inventory.ips[PREFILL]}:8000"
-
-    def playbook(self, playbook: str, *args: str, env: dict[str, str] | None = None) -> str:
-        """ansible-playbook against this lab; asserts success and returns the output."""
-        argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(self.hosts_file), str(REPO / playbook), *args]
-        result = run_playbook(argv, timeout=1800, env=ansible_env() | (env or {}))
-        log = self.workdir / (re.sub(r"\W", "_", playbook + "_".join(args))[:120] + ".log")
-        log.write_text(result.stdout, encoding="utf-8")
-        assert result.returncode == 0, f"{playbook} {args} failed (log {log}):\n{result.stdout[-6000:]}"
-        key = self.workdir / "gpufleet.apikey"
-        if key.exists():
-            assert self.key not in result.stdout, f"the API key appeared in the output of {playbook} {args}"
-        return result.stdout
-
-    def timed(self, what: str, playbook: str, *args: str, env: dict[str, str] | None = None) -> str:
-        start = time.monotonic()
-        out = self.playbook(playbook, *args, env=env)
-        self.seconds[what] = round(time.monotonic() - start, 1)
-        return out
-
-    def ssh(self, host: str, command: str) -> str:
-        result = self.lab.ssh(host, command, timeout=60)
-        return result.stdout.strip()
-
-
-def recap(out: str) -> dict[str, dict[str, int]]:
-    """PLAY RECAP per host: {'node1': {'ok': 3, 'changed': 0, ...}}."""
-    hosts: dict[str, dict[str, int]] = {}
-    for line in out[out.rindex("PLAY RECAP") :].splitlines()[1:]:
-        match = re.match(r"^(\S+)\s*:\s*(.*)$", line)
-        if match:
-            hosts[match.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", match.group(2))}
-    return hosts
-
-
-def write_inventory(lab: LabInventory, directory: Path) -> Path:
-    """The lab's hosts with the two pools (1P2D) and the lab's group_vars (inventories/lab/group_vars)."""
-    tree: dict[str, Any] = yaml.safe_load(lab.inventory.read_text(encoding="utf-8"))
-    children = tree["all"]["children"]["gpu_nodes"]["children"]
-    children["vllm_prefill"] = {"hosts": {PREFILL: None}}
-    children["vllm_decode"] = {"hosts": dict.fromkeys(DECODE)}
-    tree["all"]["vars"] = {"vllm_pd_test_only_no_kv_transfer": True}
-    hosts = directory / "hosts.yml"
-    hosts.write_text(yaml.safe_dump(tree, explicit_start=True, sort_keys=False), encoding="utf-8")
-    (directory / "group_vars").symlink_to(REPO / "inventories" / "lab" / "group_vars")
-    return hosts
+        return self.key_file.read_text(encoding="utf-8").strip()
 
 
 @pytest.fixture(scope="module")
-def pd_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PdLab]:
-    skip_unless_lab_possible()
-    workdir = tmp_path_factory.mktemp("pd")
-    seconds: dict[str, float] = {}
-    start = time.monotonic()
-    image = build(ImageSpec.load(DEFAULT_SPEC))
-    handle = Lab(lab_name("pd"), nodes=3, offline=True)
+def pd(lab: RunningLab, lab_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pd]:
+    """The session lab reset, then a whole deploy of the P/D service from the bundle; reset again after."""
+    base = lab.lab.reset().inventory
+    route_to_bridge(lab.lab, lab.inventory)
+    folder = tmp_path_factory.mktemp("pd")
+    key = folder / "gpufleet.apikey"
+    inventory = services_inventory(base, folder / "inventory", [PD_SERVICE], key, MORE)
     try:
-        inventory = handle.up()
-        seconds["image+up"] = round(time.monotonic() - start, 1)
-        pd = PdLab(handle, inventory, write_inventory(inventory, workdir), workdir, seconds)
-        prepare_env = {
-            "MOLECULE_EPHEMERAL_DIRECTORY": str(workdir),
-            "GPUFLEET_SERVING_IMAGE": json.dumps(asdict(image) | {"path": str(image.path)}),
-            "GPUFLEET_TEST_API_KEY_FILE": str(workdir / "gpufleet.apikey"),
-        }
-        pd.timed("prepare", "molecule/ray_cluster/prepare.yml", env=prepare_env)
-        pd.timed("cluster", "playbooks/cluster.yml")
-        pd.timed("serve_pd", "playbooks/serve_pd.yml")
-        yield pd
+        first = deploy(inventory, bundle=lab_bundle, load=0)
+        yield Pd(base, inventory, lab_bundle, first, key, folder)
     finally:
-        handle.down()
-        seconds["total"] = round(time.monotonic() - start, 1)
-        print(f"pd lab: seconds {json.dumps(seconds)}")
+        lab.lab.reset(wait=False)
 
 
-def post(url: str, body: dict[str, Any], key: str | None) -> tuple[int, dict[str, str], bytes]:
-    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=120) as answer:
-            return answer.status, dict(answer.headers), answer.read()
-    except urllib.error.HTTPError as failed:
-        return failed.code, dict(failed.headers), failed.read()
+def placed(lab: RunningLab) -> dict[str, tuple[str, str]]:
+    """Each replica: its node and its URL (the placement: node1 prefill, then decode spread)."""
+    node1, node2, node3 = lab.inventory.hosts
+    return {
+        f"{SERVICE}-p0": (node1.name, f"http://{node1.ip}:8100"),
+        f"{SERVICE}-d0": (node2.name, f"http://{node2.ip}:8100"),
+        f"{SERVICE}-d1": (node3.name, f"http://{node3.ip}:8100"),
+    }
 
 
-CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}
+def on_head(lab: RunningLab, *argv: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    head = lab.inventory.hosts[0].name
+    done: subprocess.CompletedProcess[str] = lab.lab.ssh(head, list(argv), stdin=stdin, timeout=120)
+    return done
 
 
-def test_the_proxy_routes_prefill_to_node1_and_decode_round_robin(pd_lab: PdLab) -> None:
-    routes = []
-    for _ in range(4):
-        status, headers, body = post(pd_lab.proxy + "/v1/chat/completions", CHAT, pd_lab.key)
-        assert status == 200, body[-2000:]
-        assert json.loads(body)["choices"][0]["message"]["content"]
-        routes.append((headers.get("X-Gpufleet-Prefill"), headers.get("X-Gpufleet-Decode")))
-    assert {prefill for prefill, _ in routes} == {PREFILL}, routes
-    decodes = [decode for _, decode in routes]
-    assert set(decodes) == set(DECODE), routes
-    assert all(a != b for a, b in itertools.pairwise(decodes)), f"not alternating: {routes}"
+def router_counts(lab: RunningLab) -> dict[str, int]:
+    done = on_head(lab, "python3", "-c", ROUTER_METRICS, CONFIG)
+    assert done.returncode == 0, done.stderr
+    counts: dict[str, int] = json.loads(done.stdout)
+    return counts
 
 
-def test_the_proxy_refuses_without_the_key(pd_lab: PdLab) -> None:
-    status, _, _ = post(pd_lab.proxy + "/v1/chat/completions", CHAT, None)
-    assert status == 401
-    status, _, _ = post(pd_lab.proxy + "/v1/chat/completions", CHAT, "x" * 64)
-    assert status == 401
+def router_args(lab: RunningLab) -> list[str]:
+    done = on_head(lab, "cat", CONFIG)
+    assert done.returncode == 0, done.stderr
+    args: list[str] = json.loads(done.stdout)["args"]
+    return args
 
 
-def test_a_streamed_chat_completion_comes_through_the_proxy(pd_lab: PdLab) -> None:
-    status, headers, body = post(pd_lab.proxy + "/v1/chat/completions", CHAT | {"stream": True}, pd_lab.key)
-    assert status == 200, body[-2000:]
-    assert headers.get("Content-Type", "").startswith("text/event-stream"), headers
-    events = [line[len("data: ") :] for line in body.decode().splitlines() if line.startswith("data: ")]
-    assert events[-1] == "[DONE]", events[-3:]
-    chunks = [json.loads(event) for event in events[:-1]]
-    deltas = [chunk["choices"][0]["delta"] for chunk in chunks if chunk["choices"]]
-    assert len(deltas) > 1 and "".join(delta.get("content") or "" for delta in deltas)
-    assert headers.get("X-Gpufleet-Prefill") == PREFILL and headers.get("X-Gpufleet-Decode") in DECODE
+def test_the_first_deploy_places_a_prefill_and_two_decode_replicas_behind_a_pd_router(
+    lab: RunningLab, pd: Pd
+) -> None:
+    assert pd.first.ok, failures(pd.first)
+    urls = {replica: url for replica, (_, url) in placed(lab).items()}
+    assert {r.id: (r.node, r.url) for r in pd.first.replicas} == placed(lab)
+    args = router_args(lab)
+    assert "--vllm-pd-disaggregation" in args and "--worker-urls" not in args
+    pairs = list(itertools.pairwise(args))
+    assert [value for flag, value in pairs if flag == "--prefill"] == [urls[f"{SERVICE}-p0"]]
+    assert [value for flag, value in pairs if flag == "--decode"] == [
+        urls[f"{SERVICE}-d0"],
+        urls[f"{SERVICE}-d1"],
+    ]
+    # each role's files: KV transfer off (the lab's image has no NIXL), the service's settings on both
+    for replica, (host, _) in placed(lab).items():
+        config = lab.ssh(host, ["cat", f"/etc/gpufleet/instances/{replica}/vllm.yaml"]).stdout
+        assert "kv-transfer-config" not in config and "block-size: 32" in config, (replica, config)
+    # the router's key is a credential (never in its unit, its configuration or its environment)
+    drop_in = on_head(lab, "cat", DROP_IN).stdout
+    assert "LoadCredential=key:" in drop_in and pd.key not in drop_in
+    assert pd.key not in on_head(lab, "cat", CONFIG).stdout
+    shown = on_head(
+        lab, "systemctl", "show", f"gpufleet-router@{SERVICE}.service", "-p", "Environment"
+    ).stdout
+    assert pd.key not in shown
+    journal = on_head(lab, "journalctl", "-u", f"gpufleet-router@{SERVICE}.service", "--no-pager").stdout
+    assert journal and pd.key not in journal
 
 
-def test_a_second_run_changes_nothing(pd_lab: PdLab) -> None:
-    out = pd_lab.timed("serve_pd again", "playbooks/serve_pd.yml")
-    assert {host: counts["changed"] for host, counts in recap(out).items()} == dict.fromkeys(
-        (PREFILL, *DECODE), 0
-    ), out[-4000:]
+def test_each_request_through_the_edge_goes_to_the_prefill_replica_then_to_a_decode_one(
+    lab: RunningLab, pd: Pd
+) -> None:
+    edge = f"http://{lab.inventory.hosts[0].ip}:{EDGE_PORT}/v1"
+    urls = {replica: url for replica, (_, url) in placed(lab).items()}
+    before, served = router_counts(lab), served_on_head(lab, urls)
+    assert [chat(edge, pd.key, SERVICE, "Hi")[0] for _ in range(6)] == [200] * 6
+    streamed = subprocess.run(
+        [
+            "curl", "-sN", "-H", f"Authorization: Bearer {pd.key}", "-H", "Content-Type: application/json",
+            "-d", json.dumps({"model": SERVICE, "messages": [{"role": "user", "content": "Hi"}],
+                              "max_tokens": 4, "stream": True}),
+            f"{edge}/chat/completions",
+        ],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert streamed.returncode == 0 and streamed.stdout.rstrip().endswith("data: [DONE]"), streamed.stdout[
+        -500:
+    ]
+    after = router_counts(lab)
+    counted = {name: after.get(name, 0) - before.get(name, 0) for name in after}
+    assert counted[f"prefill {urls[f'{SERVICE}-p0']}"] == 7, counted
+    decoded = [counted.get(f"decode {urls[f'{SERVICE}-d{i}']}", 0) for i in range(2)]
+    assert sum(decoded) == 7 and min(decoded) >= 3, counted  # round robin over the decode pool
+    finished = {name: n - served[name] for name, n in served_on_head(lab, urls).items()}
+    assert finished[f"{SERVICE}-p0"] == 7 and finished[f"{SERVICE}-d0"] + finished[f"{SERVICE}-d1"] == 7
 
 
-def test_check_mode_on_the_deployed_lab_changes_and_fails_nothing(pd_lab: PdLab) -> None:
-    out = pd_lab.timed("serve_pd --check", "playbooks/serve_pd.yml", "--check", "--diff")
-    for host, counts in recap(out).items():
-        bad = {k: counts.get(k, 0) for k in ("changed", "failed", "unreachable") if counts.get(k, 0)}
-        assert not bad, (host, bad, out[-4000:])
-    # and the proxy still serves (check mode restarted nothing)
-    status, _, _ = post(pd_lab.proxy + "/v1/chat/completions", CHAT, pd_lab.key)
-    assert status == 200
+def test_the_key_is_enforced_at_the_edge_and_the_router_answers_only_root_and_haproxy(
+    lab: RunningLab, pd: Pd
+) -> None:
+    edge = f"http://{lab.inventory.hosts[0].ip}:{EDGE_PORT}/v1"
+    assert chat(edge, None, SERVICE, "Hi")[0] == 401 and chat(edge, "wrong", SERVICE, "Hi")[0] == 401
+    # the P/D router puts the key on both legs itself, so it must not be reachable by any other local user
+    health = f"http://127.0.0.1:{ROUTER_PORT}/health"
+    assert on_head(lab, "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", health).stdout == "200"
+    refused = on_head(lab, "runuser", "-u", "nobody", "--", "curl", "-s", "-m", "10", health)
+    assert refused.returncode == 7, (refused.returncode, refused.stdout)  # curl: failed to connect
 
 
-JSON_RESULTS = {"ANSIBLE_CALLBACK_RESULT_FORMAT": "json"}  # the status message on one line
+def test_status_lists_each_replica_with_its_role_and_the_service_up(lab: RunningLab, pd: Pd) -> None:
+    report = status(pd.inventory)
+    assert report.ok and report.services == {SERVICE: "up"}, report.problems
+    assert sorted((r.id, r.role, r.ready) for r in report.replicas) == [
+        (f"{SERVICE}-d0", "decode", True),
+        (f"{SERVICE}-d1", "decode", True),
+        (f"{SERVICE}-p0", "prefill", True),
+    ]
+    (router,) = report.gateway
+    assert router.active == "active" and sorted(router.healthy) == sorted(router.workers), router
 
 
-def pd_status(out: str) -> dict[str, Any]:
-    """gpufleet_pd_status as the role's last task shows it (run with JSON_RESULTS)."""
-    match = re.search(r'"msg": "(\{.*\})"', out)
-    assert match, out[-4000:]
-    return json.loads(json.loads(f'"{match.group(1)}"'))
+def test_a_second_deploy_changes_nothing(pd: Pd) -> None:
+    again = deploy(pd.inventory, bundle=pd.bundle, load=0)
+    assert again.ok and again.changed == 0, failures(again)
+    assert [s.name for s in again.stages if s.in_sync] == ["nodes", "artifacts", "cluster", "serve"]
 
 
-def test_status_reports_both_pools_and_the_proxy(pd_lab: PdLab) -> None:
-    out = pd_lab.timed("status", "playbooks/serve_pd.yml", "-e", "vllm_pd_state=status", env=JSON_RESULTS)
-    assert {counts["changed"] for counts in recap(out).values()} == {0}
-    state = pd_status(out)
-    assert state[PREFILL]["pool"] == "prefill" and state[PREFILL]["proxy_unit"] == "active"
-    for host in (PREFILL, *DECODE):
-        assert state[host]["instance_unit"] == "active" and state[host]["instance_ready"] is True, state
-    for host in DECODE:
-        assert state[host]["pool"] == "decode", state
-    assert set(state[PREFILL]["proxy"]["decode"]) == set(DECODE), state
+def test_a_rolling_change_of_the_decode_pool_under_load_fails_no_request(lab: RunningLab, pd: Pd) -> None:
+    """The decode replicas' own setting changes: each is drained from the router, restarted, gated and put
+    back by restarting the router (vllm-router's P/D mode has no /add_worker), one node at a time, under a
+    steady load through the edge; the prefill replica does not restart."""
+    service = {
+        **PD_SERVICE,
+        "pd": {**PD_SERVICE["pd"], "decode": {"replicas": 2, "serving": {"max_num_seqs": 8}}},
+    }
+    changed = services_inventory(pd.base, pd.folder / "changed", [service], pd.key_file, MORE)
+    where = placed(lab)
+    pids = {replica: main_pid(lab, host, replica) for replica, (host, _) in where.items()}
+    rolled = deploy(changed, bundle=pd.bundle, stages=["serve", "verify"], load=1, load_interval=2.0)
+    assert rolled.ok, failures(rolled)
+    loaded = rolled.availability
+    assert loaded is not None and loaded.answered_before and loaded.failed == 0, loaded
+    now = {replica: main_pid(lab, host, replica) for replica, (host, _) in where.items()}
+    assert now[f"{SERVICE}-p0"] == pids[f"{SERVICE}-p0"], (pids, now)
+    assert all(now[f"{SERVICE}-d{i}"] != pids[f"{SERVICE}-d{i}"] for i in range(2)), (pids, now)
+    for replica, (host, _) in where.items():
+        config = lab.ssh(host, ["cat", f"/etc/gpufleet/instances/{replica}/vllm.yaml"]).stdout
+        assert ("max-num-seqs: 8" in config) == ("-d" in replica), (replica, config)
+    # each decode replica was put back: the router, restarted after each gate, holds all three again
+    assert router_workers(lab, ROUTER_PORT) == sorted(url for _, url in where.values())
 
 
-def stop_window(pd_lab: PdLab, host: str, unit: str) -> tuple[int, int]:
-    """When systemd began and finished stopping the unit (journal realtime, µs: one clock for all lab hosts).
-
-    Read from the journal: a unit that is stopped and disabled is unloaded, and systemctl show forgets it.
-    """
-    assert pd_lab.ssh(host, f"systemctl is-active {unit}") == "inactive", (host, unit)
-    lines = pd_lab.ssh(host, f"journalctl --unit {unit} --output json --no-pager --lines 400").splitlines()
-    entries = [json.loads(line) for line in lines if line.startswith("{")]
-
-    def last(prefix: str) -> int:
-        times = [int(e["__REALTIME_TIMESTAMP"]) for e in entries if str(e.get("MESSAGE")).startswith(prefix)]
-        assert times, (host, unit, prefix)
-        return times[-1]
-
-    return last(f"Stopping {unit}.service"), last(f"Stopped {unit}.service")
-
-
-def test_stopped_stops_the_proxy_then_decode_then_prefill_and_status_says_so(pd_lab: PdLab) -> None:
-    out = pd_lab.timed("stop", "playbooks/serve_pd.yml", "-e", "vllm_pd_state=stopped")
-    assert recap(out)[PREFILL]["changed"] > 0
-    proxy = stop_window(pd_lab, PREFILL, UNITS["proxy"])
-    decode = [stop_window(pd_lab, host, UNITS["instance"]) for host in DECODE]
-    prefill = stop_window(pd_lab, PREFILL, UNITS["instance"])
-    # each pool began stopping only after the one before it had stopped
-    assert proxy[1] <= min(d[0] for d in decode) and max(d[1] for d in decode) <= prefill[0], (
-        proxy,
-        decode,
-        prefill,
-    )
-    for host in (PREFILL, *DECODE):
-        assert pd_lab.ssh(host, f"systemctl is-enabled {UNITS['instance']}") == "disabled"
-    again = pd_lab.timed("stop again", "playbooks/serve_pd.yml", "-e", "vllm_pd_state=stopped")
-    assert {counts["changed"] for counts in recap(again).values()} == {0}
-    state = pd_status(
-        pd_lab.playbook("playbooks/serve_pd.yml", "-e", "vllm_pd_state=status", env=JSON_RESULTS)
-    )
-    assert state[PREFILL]["proxy_unit"] == "inactive", state
-    for host in (PREFILL, *DECODE):
-        assert state[host]["instance_unit"] == "inactive" and state[host]["instance_ready"] is False, state
+def test_teardown_stops_the_replicas_the_router_and_its_port_lock(lab: RunningLab, pd: Pd) -> None:
+    down = teardown(pd.inventory)
+    assert down.ok, failures(down)
+    for replica, (host, _) in placed(lab).items():
+        unit = f"gpufleet-vllm@{replica}.service"
+        assert lab.ssh(host, ["systemctl", "is-active", unit]).stdout.strip() != "active", unit
+    router = f"gpufleet-router@{SERVICE}.service"
+    assert on_head(lab, "systemctl", "is-active", router).stdout.strip() != "active"
+    chains = on_head(lab, "iptables", "-S").stdout
+    assert not re.search(r"GPUFLEET-PD", chains), chains  # the lock went with the router (ExecStopPost)
