@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
 from pydantic import ValidationError
 
 from gpufleet.compat import ImageFacts, image_facts
 from gpufleet.fleet.compatibility import _from_bundle
 from gpufleet.fleet.raw import RawHost, RawInventory
+from gpufleet.fleet.role_values import role_defaults
 from gpufleet.fleet.schema import ServingSpec
 from gpufleet.problems import Problem
 
@@ -82,13 +82,6 @@ def has_pools(raw: RawInventory) -> bool:
     return any(raw.members(group) for group in POOLS)
 
 
-def role_defaults(root: Path | None, role: str = "vllm_pd") -> dict[str, Any]:
-    path = root / "roles" / role / "defaults" / "main.yml" if root else None
-    if path is None or not path.is_file():
-        return {}
-    return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-
-
 def _value(host: RawHost, name: str, defaults: Mapping[str, Any]) -> Any:
     """A vllm_pd_* setting as the role sees it: the inventory's, else vllm_service's, else the default."""
     if name in MUST_MATCH:
@@ -129,7 +122,7 @@ def check_disagg(
             variables.get("ray_cluster_image") or role_defaults(root, "ray_cluster").get("ray_cluster_image")
         )
         image = image_facts(reference, _from_bundle(fleet, reference) if fleet is not None else None)
-    defaults = role_defaults(root)
+    defaults = role_defaults(root, "vllm_pd")
     pools = {group: raw.members(group) for group in POOLS}
     result.problems += _pool_membership(raw, pools)
     if not all(pools.values()):

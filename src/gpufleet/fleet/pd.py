@@ -15,6 +15,7 @@ from typing import Any
 
 from gpufleet.compat import image_facts
 from gpufleet.fleet.compatibility import _from_bundle
+from gpufleet.fleet.role_values import role_defaults
 from gpufleet.fleet.schema import FleetSpec, ServiceSpec
 from gpufleet.problems import Problem
 
@@ -90,7 +91,5 @@ def _image_problem(
 
 def fleet_image(root: Path | None) -> str | None:
     """The ray_cluster role's default image: what a service runs where the inventory sets none."""
-    from gpufleet.fleet.disagg import role_defaults  # noqa: PLC0415
-
     image = role_defaults(root, "ray_cluster").get("ray_cluster_image")
     return str(image) if image else None

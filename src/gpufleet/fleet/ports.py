@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpufleet.fleet.disagg import POOLS, role_defaults
+from gpufleet.fleet.disagg import POOLS
 from gpufleet.fleet.raw import RawHost, RawInventory
-from gpufleet.fleet.role_values import ansible_bool
+from gpufleet.fleet.role_values import ansible_bool, role_defaults
 from gpufleet.problems import Problem
 
 RAY_EVERY_NODE = (

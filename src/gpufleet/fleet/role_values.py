@@ -136,6 +136,15 @@ def range_for(name: str) -> Range | None:
     return next((limits for pattern, limits in RANGES if re.fullmatch(pattern, name)), None)
 
 
+def role_defaults(root: Path | None, role: str) -> dict[str, Any]:
+    """A role's ``defaults/main.yml`` as written (templated values unrendered); {} without the role. The one
+    reader of role defaults: validation's checks take a value the inventory does not set from here."""
+    path = root / "roles" / role / "defaults" / "main.yml" if root else None
+    if path is None or not path.is_file():
+        return {}
+    return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+
+
 @cache
 def role_options(root: Path) -> Mapping[str, Option]:
     """Every option of every entry point of every role's argument specs, by name (the first entry point's),
