@@ -53,7 +53,7 @@ RANGES: tuple[tuple[str, Range], ...] = (
     (r"monitoring_alert_.*_seconds", Range(0, None, "seconds")),
     (r"monitoring_alert_kv_cache_usage", FRACTION),
     (r"monitoring_alert_waiting_requests", Range(0, None, "requests")),
-    (r"vllm_(service|pd)_start_restarts", Range(0, None, "restarts")),
+    (r"vllm_service_start_restarts", Range(0, None, "restarts")),
     (r".*_log_lines", Range(1, None, "lines")),
     (r"docker_log_max_file", Range(1, None, "files")),
     (r".*_tensor_parallel_size|.*_pipeline_parallel_size", Range(1, None, "GPUs")),
