@@ -1,6 +1,6 @@
 """Issue 37, class 3: a P/D service's roles and the monitoring settings get the single service's checks, and
-ports are checked across everything one node runs (vLLM, Ray, monitoring, the relays), ports derived from a
-base port included."""
+ports are checked across everything one node runs (vLLM, Ray, monitoring, the relays, a P/D replica's NIXL
+side channels), ports derived from a base port included."""
 
 from __future__ import annotations
 
@@ -97,6 +97,33 @@ def pd_roles(**roles: dict[str, Any]) -> Any:
                 service["pd"][key] = value
 
     return edit
+
+
+# A P/D service's NIXL side channels: one port per replica and TP rank from pd.side_channel_port, on each node
+@pytest.mark.parametrize(
+    ("roles", "said"),
+    [
+        (
+            {"side_channel_port": 65535, "prefill": {"serving": {"tensor_parallel_size": 2}}},
+            "ports 65535-65536 for qwen-p0 on gpu1",
+        ),
+        ({"side_channel_port": 65535, "decode": {"replicas": 4}}, "port 65536 for qwen-d2 on gpu2"),
+    ],
+    ids=["tp-ranks", "replicas-on-one-node"],
+)
+def test_ports_derived_from_a_base_port_stay_in_range(
+    pd_example: PdFactory, roles: dict[str, Any], said: str
+) -> None:
+    found = problems(pd_example(pd_roles(**roles), gpufleet_gpu_count=2))
+    assert any(said in line and "one per replica and TP rank" in line for line in found), found
+
+
+def test_a_side_channel_on_a_replicas_api_port_is_refused(pd_example: PdFactory) -> None:
+    found = problems(pd_example(pd_roles(side_channel_port=8100)))
+    assert any(
+        "pd.side_channel_port: found port 8100 for qwen-p0 on gpu1, the API port of qwen-p0" in line
+        for line in found
+    ), found
 
 
 @pytest.mark.parametrize(
