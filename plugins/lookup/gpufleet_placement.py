@@ -136,8 +136,8 @@ class LookupModule(LookupBase):  # type: ignore[misc]
         key = placement_key(source)
         if key is not None and (kept := kept_replicas(key)) is not None:
             return kept
-        from gpufleet.fleet.disagg import role_defaults  # noqa: PLC0415
         from gpufleet.fleet.loaded import load  # noqa: PLC0415  (heavy: pydantic, the schema, the validator)
+        from gpufleet.fleet.role_values import role_defaults  # noqa: PLC0415
         from gpufleet.fleet.services import place_fleet  # noqa: PLC0415
         from gpufleet.paths import project_root  # noqa: PLC0415
         from gpufleet.planner.placement import PlacementError  # noqa: PLC0415

@@ -64,7 +64,7 @@ class ImageFacts:
     python: str | None = None
     torch: str | None = None
     min_capability: tuple[int, int] = (7, 0)  # the oldest GPU its vLLM supports
-    # NIXL (the `nixl` Python package, with UCX) for vLLM's NixlConnector: prefill/decode disaggregation.
+    # NIXL (the `nixl` Python package, with UCX) for vLLM's NixlConnector: a P/D service (fleet/pd.py).
     # None = not known (vLLM's Dockerfile installs it only with INSTALL_KV_CONNECTORS=true).
     has_nixl: bool | None = None
     source: str = "table"  # "image config" (read at bundle build), "table" (pinned below), "unknown"
@@ -96,8 +96,8 @@ def _vllm(
 # capability 7.5 or newer. tests/unit/test_compat.py names the sources of each fact. NIXL is left
 # not known (has_nixl None) for every tag: vLLM's docker/Dockerfile installs requirements/kv_connectors.txt
 # (nixl, with UCX) only when built with INSTALL_KV_CONNECTORS=true (default false), and gpufleet has not
-# confirmed which release images were built so; a prefill/decode fleet is warned, and the GPU proof checks
-# `python3 -c "import nixl"` in the image it serves. Tags missing
+# confirmed which release images were built so; a P/D service is warned to check `python3 -c "import nixl"`
+# in the image it serves (fleet/pd.py). Tags missing
 # here are judged from the bundle (the image's own config, read when it is built), or reported as not known.
 VLLM_IMAGES: dict[str, ImageFacts] = {
     facts.reference: facts

@@ -48,7 +48,10 @@ FLEET_VARIABLE_DOCS: dict[str, str] = {
     "gpufleet_services": "The models the fleet serves, each as replicas placed on the nodes' GPUs: a list of "
     "`{name, model: {repo, revision, dir, config}, replicas: N or auto, hosts: [nodes or groups], image: a "
     "Docker reference (what its replicas run, each in a container of its own; default the fleet's "
-    'ray_cluster_image), serving: {vllm_service_* settings without the prefix}}` (README "Services"). Unset: '
+    'ray_cluster_image), serving: {vllm_service_* settings without the prefix}}` (README "Services"), or, '
+    "instead of replicas and hosts, `pd: {connector, kv_transfer, side_channel_port, ucx_net_devices, "
+    'prefill: {replicas, hosts, serving}, decode: {replicas, hosts, serving}}` (README "Prefill/decode '
+    'disaggregation"). Unset: '
     "the `gpufleet_model_*` and `vllm_service_*` variables are one service with one replica over every GPU. "
     "`gpufleet plan` and `validate` place and plan it; deploy serves each replica behind a router per "
     "service.",

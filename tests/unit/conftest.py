@@ -17,6 +17,8 @@ PROD_INVENTORY = REPO / "inventories" / "prod"  # services: one service, a repli
 # The same two servers as one instance, TP=2 over both (the one-model form: gpufleet_model_*, vllm_service_*)
 TP_INVENTORY = REPO / "inventories" / "examples" / "tp-across-nodes"
 PROD_KV_TOKENS_AS_ONE_INSTANCE = 1_352_112  # TP_INVENTORY's plan: the 3090 sizes both ranks (issue 35)
+# A P/D service: Qwen2.5-1.5B as 1 prefill and 2 decode replicas on three one-H100 nodes
+PD_INVENTORY = REPO / "inventories" / "examples" / "pd"
 
 BASE_HOSTS: dict[str, Any] = {
     "gpu_nodes": {
@@ -57,6 +59,7 @@ BASE_GROUP_VARS: dict[str, Any] = {
 }
 
 InventoryFactory = Callable[..., Path]
+PdFactory = Callable[..., Path]
 
 
 @pytest.fixture(autouse=True)
@@ -89,6 +92,28 @@ def make_inventory(tmp_path: Path) -> InventoryFactory:
         variables = {key: value for key, value in variables.items() if value is not None}
         (directory / "group_vars" / "gpu_nodes.yml").write_text(yaml.safe_dump(variables), encoding="utf-8")
         shutil.copy(REPO / "models/Qwen2.5-1.5B-Instruct/config.json", tmp_path / "config.json")
+        return directory
+
+    return factory
+
+
+@pytest.fixture
+def pd_example(tmp_path: Path) -> PdFactory:
+    """Write a copy of inventories/examples/pd: ``edit`` changes its service (a dict, as written),
+    ``group_vars`` set more of group_vars/gpu_nodes.yml. Each call writes a directory of its own."""
+    made: list[Path] = []
+
+    def factory(edit: Callable[[dict[str, Any]], None] | None = None, **group_vars: Any) -> Path:
+        directory = tmp_path / f"pd{len(made)}"
+        shutil.copytree(PD_INVENTORY, directory)
+        path = directory / "group_vars" / "gpu_nodes.yml"
+        values = yaml.safe_load(path.read_text(encoding="utf-8"))
+        service = values["gpufleet_services"][0]
+        service["model"]["config"] = str(REPO / "models/Qwen2.5-1.5B-Instruct/config.json")
+        if edit is not None:
+            edit(service)
+        path.write_text(yaml.safe_dump(values | group_vars), encoding="utf-8")
+        made.append(directory)
         return directory
 
     return factory

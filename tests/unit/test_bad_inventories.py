@@ -80,12 +80,12 @@ CASES = {
         ),
         "monitoring_scrape_interval: found a vault-encrypted",
     ),
-    "vault without password, vllm_pd": (
+    "vault without password, gateway": (
         append(
             "group_vars/gpu_nodes.yml",
-            VAULTED.replace("vllm_service_max_num_seqs", "vllm_pd_proxy_port").encode(),
+            VAULTED.replace("vllm_service_max_num_seqs", "gateway_edge_port").encode(),
         ),
-        "vllm_pd_proxy_port: found a vault-encrypted",
+        "gateway_edge_port: found a vault-encrypted",
     ),
     # the relay is an internal role: image_distribution and model_fetch set its inputs, an inventory does not
     "an internal role's input": (
@@ -143,4 +143,4 @@ def test_the_variables_gpufleet_reads_are_the_namespaces_validation_checks() -> 
     list here that had drifted from them)."""
     roles = set(role_variables().values())
     assert set(own_prefixes()) == {"gpufleet_", "ansible_host", *(f"{role}_" for role in roles)}
-    assert {"monitoring_", "vllm_pd_", "vllm_service_", "docker_"} <= set(own_prefixes())
+    assert {"monitoring_", "gateway_", "vllm_service_", "docker_"} <= set(own_prefixes())

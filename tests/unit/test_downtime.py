@@ -14,6 +14,8 @@ import pytest
 from gpufleet.fleet import load
 from gpufleet.runner.downtime import DowntimeMeter, measure
 
+from .conftest import PD_INVENTORY
+
 
 def test_an_outage_runs_from_the_first_failed_probe_to_the_next_answer() -> None:
     probes = [(0.0, True), (1.0, True), (2.0, False), (3.0, False), (4.0, False), (5.0, True), (6.0, True)]
@@ -73,21 +75,12 @@ def test_the_endpoint_follows_the_inventorys_port_bind_address_and_key_file(tmp_
     assert load(hosts, validate=False).endpoint == ("http://10.9.9.9:9000/v1", Path("/keys/k"))
 
 
-def test_a_prefill_decode_fleets_endpoint_is_the_proxy_on_the_head(tmp_path: Path) -> None:
-    """The proxy serves a P/D fleet (roles/vllm_pd: on the head's cluster address, vllm_pd_proxy_port); the
-    pools' vLLM ports are not the service. The meter once polled vllm_service_port there."""
-    hosts = tmp_path / "hosts.yml"
-    hosts.write_text(
-        "all:\n  children:\n    gpu_nodes:\n      vars: {vllm_pd_proxy_port: 8100, vllm_service_port: 9000}\n"
-        "      children:\n        ray_head:\n          hosts:\n"
-        "            node1: {gpufleet_node_ip: 10.0.0.11}\n"
-        "        vllm_prefill:\n          hosts:\n            node1: {}\n"
-        "        vllm_decode:\n          hosts:\n            node2: {gpufleet_node_ip: 10.0.0.12}\n",
-        encoding="utf-8",
-    )
-
-    want = ("http://10.0.0.11:8100/v1", tmp_path / "gpufleet.apikey")
-    assert load(hosts, validate=False).endpoint == want
+def test_a_prefill_decode_services_endpoint_is_the_gateways_edge_on_the_head() -> None:
+    """A P/D service answers where every service does, at the gateway's edge on the head (its router in P/D
+    mode behind it); its replicas' vLLM ports are not the service. Before P/D services, a proxy on the head
+    served it, and the meter once polled vllm_service_port there."""
+    want = ("http://10.10.0.11:8000/v1", PD_INVENTORY / "gpufleet.apikey")
+    assert load(PD_INVENTORY).edge == want
 
 
 class _Flaky(http.server.BaseHTTPRequestHandler):

@@ -149,7 +149,7 @@ def test_which_runs_change_hosts() -> None:
     assert changes_hosts(["rollback"])
     assert changes_hosts(["preflight", "nodes"])
     assert changes_hosts(["teardown"])
-    assert changes_hosts(["serve_pd"])  # a stage added later changes hosts unless listed as read-only
+    assert changes_hosts(["gateway"])  # a stage added later changes hosts unless listed as read-only
     assert not changes_hosts(["nodes"], check=True)
 
 

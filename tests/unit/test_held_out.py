@@ -16,9 +16,8 @@ from gpufleet.fleet import validate_inventory
 from gpufleet.fleet.inventory import read_inventory
 from gpufleet.problems import InventoryError
 
-from .conftest import InventoryFactory, head_vars
+from .conftest import InventoryFactory, PdFactory, head_vars
 from .test_commands_check_first import gpufleet, tripwire  # noqa: F401  (tripwire: the fixture)
-from .test_pd import inventory as pd_inventory
 from .test_validate_model_config import tp_with_config
 
 FORM = re.compile(r"^[^\n]+: [^\n]+: found [^\n]+; expected [^\n]+\. Fix: [^\n]+$")
@@ -41,7 +40,7 @@ ROLE_VALUES: list[tuple[str, Any, str]] = [
     ("cuda_toolkit_version", 12.1, "quote the text"),
     ("ray_cluster_image", True, "YAML read a boolean"),
     ("ray_cluster_image", "vllm/vllm-openai:v0.24.0\n", "control characters"),
-    ("vllm_pd_config", "block-size=16", "not written as a mapping"),
+    ("vllm_service_config", "block-size=16", "not written as a mapping"),
     ("ray_cluster_docker_args", "--shm-size 10g", "not written as a list"),
     ("docker_users", [{"name": "bob"}], "item 0: a mapping where text belongs"),
     ("docker_registry_mirrors", ["https://m.example", True], "item 1: YAML read a boolean"),
@@ -52,7 +51,7 @@ ROLE_VALUES: list[tuple[str, Any, str]] = [
     ("vllm_service_env", {"NCCL_DEBUG": "INFO\nVLLM_API_KEY=x"}, "'NCCL_DEBUG': control characters"),
     ("vllm_service_env", {"NCCL DEBUG": "INFO"}, "not an environment variable's name"),
     ("ray_cluster_env", {"A": [1, 2]}, "'A': a list where text belongs"),
-    ("vllm_pd_env", {"VLLM_USE_V1": True}, "'VLLM_USE_V1': YAML read a boolean"),
+    ("vllm_service_env", {"VLLM_USE_V1": True}, "'VLLM_USE_V1': YAML read a boolean"),
     ("docker_service_environment", {"HTTP_PROXY": 1.10}, "YAML read the number 1.1"),
 ]
 
@@ -119,11 +118,15 @@ def test_init_refuses_a_gpu_model_with_an_escape(tmp_path: Path, capsys: pytest.
     assert "control characters" in capsys.readouterr().err
 
 
-# vllm_pd_config keys vLLM reads otherwise than the checks did. Before: block_size escaped the pools' checks.
-@pytest.mark.parametrize("key", ["block_size", "Block-Size", 16, "16"])
-def test_a_pd_config_key_not_in_vllms_spelling_is_refused(tmp_path: Path, key: Any) -> None:
-    found = lines(pd_inventory(tmp_path, vllm_decode={"vllm_pd_config": {key: 32}}))
-    assert any(": vllm_pd_config: found the key " in line for line in found), found
+# A P/D role's serving keys are the schema's (block_size), not vLLM's spelling of them: any other key is
+# refused in one line naming it. Before (the pools' vllm_pd_config): block_size escaped the pools' checks.
+@pytest.mark.parametrize("key", ["block-size", "Block_Size", 16, "16"])
+def test_a_pd_roles_serving_key_that_is_not_the_schemas_is_refused(pd_example: PdFactory, key: Any) -> None:
+    def edit(service: dict[str, Any]) -> None:
+        service["pd"]["decode"]["serving"][key] = 32
+
+    found = lines(pd_example(edit))
+    assert any(f": pd.decode.serving.{key}: found 32" in line for line in found), found
 
 
 # config.json sections of the wrong kind (before: accepted) and the planner's line not wrapped in another one

@@ -1,6 +1,6 @@
-"""Issue 37, class 3: the prefill/decode pools and the monitoring settings get the single pool's checks, and
-ports are checked across everything one node runs (vLLM, Ray, the P/D proxy and instances, monitoring, the
-relays), ports derived from a base port included."""
+"""Issue 37, class 3: a P/D service's roles and the monitoring settings get the single service's checks, and
+ports are checked across everything one node runs (vLLM, Ray, monitoring, the relays, a P/D replica's NIXL
+side channels), ports derived from a base port included."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import pytest
 
 from gpufleet.fleet import validate_inventory
 
-from .conftest import InventoryFactory
-from .test_pd import inventory as pd_inventory
+from .conftest import InventoryFactory, PdFactory
 
 
 def problems(path: Path) -> list[str]:
@@ -87,62 +86,60 @@ def test_ray_worker_ports_in_the_wrong_order_are_refused(make_inventory: Invento
     assert "above ray_cluster_max_worker_port (19000)" in line, line
 
 
+def pd_roles(**roles: dict[str, Any]) -> Any:
+    """An edit of the example's P/D service: ``pd`` keys, and each role's keys merged into its own."""
+
+    def edit(service: dict[str, Any]) -> None:
+        for key, value in roles.items():
+            if key in ("prefill", "decode"):
+                service["pd"][key] |= value
+            else:
+                service["pd"][key] = value
+
+    return edit
+
+
+# A P/D service's NIXL side channels: one port per replica and TP rank from pd.side_channel_port, on each node
 @pytest.mark.parametrize(
-    ("pool_vars", "said"),
+    ("roles", "said"),
     [
-        ({"vllm_pd_side_channel_port": 65535, "vllm_pd_tensor_parallel_size": 2}, "ports 65535-65536"),
         (
-            {
-                "vllm_pd_connector": "P2pNcclConnector",
-                "vllm_pd_nccl_port": 65534,
-                "vllm_pd_tensor_parallel_size": 4,
-            },
-            "ports 65534-65537",
+            {"side_channel_port": 65535, "prefill": {"serving": {"tensor_parallel_size": 2}}},
+            "ports 65535-65536 for qwen-p0 on gpu1",
         ),
+        ({"side_channel_port": 65535, "decode": {"replicas": 4}}, "port 65536 for qwen-d2 on gpu2"),
     ],
-    ids=["nixl-side-channel", "nccl"],
+    ids=["tp-ranks", "replicas-on-one-node"],
 )
 def test_ports_derived_from_a_base_port_stay_in_range(
-    tmp_path: Path, pool_vars: dict[str, Any], said: str
+    pd_example: PdFactory, roles: dict[str, Any], said: str
 ) -> None:
-    found = problems(pd_inventory(tmp_path, vllm_decode=pool_vars))
-    assert any(said in line and "one per TP rank" in line and "gpu2" in line for line in found), found
+    found = problems(pd_example(pd_roles(**roles), gpufleet_gpu_count=2))
+    assert any(said in line and "one per replica and TP rank" in line for line in found), found
 
 
-@pytest.mark.parametrize(
-    ("config", "said"),
-    [
-        ({"block-size": 12}, "block-size"),
-        ({"block-size": "sixteen"}, "block-size"),
-        ({"kv-cache-dtype": "fp16"}, "kv-cache-dtype"),
-        ({"gpu-memory-utilization": 90}, "gpu-memory-utilization"),
-        ({"gpu-memory-utilization": "most"}, "gpu-memory-utilization"),
-        ({"max-model-len": "lots"}, "max-model-len"),
-        ({"max-model-len": 0}, "max-model-len"),
-        ({"max-num-seqs": -4}, "max-num-seqs"),
-        ({"dtype": "fp32"}, "dtype"),
-        ({"cpu-offload-gb": "some"}, "cpu-offload-gb"),
-    ],
-    ids=str,
-)
-def test_a_pools_serving_settings_get_the_single_pools_checks(
-    tmp_path: Path, config: dict[str, Any], said: str
-) -> None:
-    found = problems(pd_inventory(tmp_path, vllm_prefill={"vllm_pd_config": config}))
+def test_a_side_channel_on_a_replicas_api_port_is_refused(pd_example: PdFactory) -> None:
+    found = problems(pd_example(pd_roles(side_channel_port=8100)))
     assert any(
-        f"vllm_pd_config {said}: found " in line and "gpu1 (vllm_prefill)" in line for line in found
+        "pd.side_channel_port: found port 8100 for qwen-p0 on gpu1, the API port of qwen-p0" in line
+        for line in found
     ), found
 
 
 @pytest.mark.parametrize(
-    ("prefill", "decode"),
-    [({"kv-cache-dtype": "fp8"}, {"kv-cache-dtype": "fp8_e4m3"}), ({"block-size": "32"}, {"block-size": 32})],
-    ids=["fp8-is-fp8_e4m3", "a-number-as-text"],
+    ("role", "key", "value"),
+    [
+        ("prefill", "gpu_memory_utilization", 90),
+        ("prefill", "gpu_memory_utilization", "most"),
+        ("decode", "max_num_seqs", -4),
+        ("decode", "max_num_batched_tokens", "lots"),
+        ("decode", "cpu_offload_gb", "some"),
+        ("prefill", "quantization", "int3"),
+    ],
+    ids=str,
 )
-def test_pools_that_agree_once_resolved_are_accepted(
-    tmp_path: Path, prefill: dict[str, Any], decode: dict[str, Any]
+def test_a_roles_serving_settings_get_the_single_services_checks(
+    pd_example: PdFactory, role: str, key: str, value: Any
 ) -> None:
-    path = pd_inventory(
-        tmp_path, vllm_prefill={"vllm_pd_config": prefill}, vllm_decode={"vllm_pd_config": decode}
-    )
-    assert [line for line in problems(path) if "prefill pool" in line] == []
+    found = problems(pd_example(pd_roles(**{role: {"serving": {key: value}}})))
+    assert any(f"pd.{role}.serving.{key}: found " in line for line in found), found

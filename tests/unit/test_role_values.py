@@ -29,7 +29,7 @@ WRONG: list[tuple[str, Any, str]] = [
     ("nvidia_driver_method", "deb", "one of runfile, package"),
     ("cuda_toolkit_method", "apt", "one of package, runfile, redist"),
     ("model_fetch_verify", "md5", "one of sha256, size"),
-    ("vllm_pd_connector", "nixl", "one of NixlConnector, P2pNcclConnector"),
+    ("gateway_policy", "round-robin", "one of round_robin, power_of_two, cache_aware, random"),
     ("docker_service_restart", "sometimes", "one of no, always"),
     # a word where an integer, a number or a boolean belongs
     ("docker_wait_timeout", "sixty", "not convertible to int"),
@@ -46,7 +46,7 @@ WRONG: list[tuple[str, Any, str]] = [
     ("image_distribution_relay_port", 70000, "from 1 to 65535"),
     ("model_fetch_relay_port", 0, "from 1 to 65535"),
     ("ray_cluster_port", 65536, "from 1 to 65535"),
-    ("vllm_pd_port", -1, "from 1 to 65535"),
+    ("gateway_edge_port", -1, "from 1 to 65535"),
     ("monitoring_grafana_port", "99999", "from 1 to 65535"),
     ("monitoring_alert_kv_cache_usage", 95, "from 0 to 1 (a fraction: 0.95 for 95 %)"),
     ("vllm_service_start_timeout", 0, "at least 1 (seconds)"),
@@ -55,7 +55,7 @@ WRONG: list[tuple[str, Any, str]] = [
     ("preflight_min_free_gib", -5, "at least 0"),
     ("vllm_service_log_lines", 0, "at least 1"),
     ("model_fetch_lfs_concurrency", 0, "at least 1"),
-    ("vllm_pd_tensor_parallel_size", 0, "at least 1"),
+    ("gateway_health_failure_threshold", 0, "at least 1"),
     # a name on the node (a directory, a unit instance) that could leave its directory or is not a unit name
     ("vllm_service_instance_id", "../etc", "1-32 lowercase letters, digits and '-'"),
     ("vllm_service_instance_id", "Big", "1-32 lowercase letters, digits and '-'"),

@@ -17,7 +17,6 @@ SERVICES = {
     "gpufleet-vllm@default.service": {"state": "running", "status": "active"},
     "gpufleet-vllm@qwen-7b.service": {"state": "stopped", "status": "failed"},
     "gpufleet-vllm.service": {"state": "stopped", "status": "disabled"},
-    "gpufleet-vllm-pd.service": {"state": "stopped", "status": "disabled"},
     "ssh.service": {"state": "running", "status": "enabled"},
 }
 
@@ -45,8 +44,6 @@ def test_every_instance_unit_is_in_the_loop() -> None:
     items = evaluate(stop_task()["loop"], template_exists=True)
 
     assert items == [
-        "gpufleet-pd-proxy.service",
-        "gpufleet-vllm-pd.service",
         "gpufleet-vllm@default.service",
         "gpufleet-vllm@qwen-7b.service",
         "gpufleet-vllm.service",

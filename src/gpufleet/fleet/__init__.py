@@ -1,7 +1,7 @@
 """The fleet: its schema (pydantic, extra keys forbidden) and the inventory that fills it.
 
 ``load`` reads an inventory once with ansible-core's own loader and checks it into one frozen :class:`Fleet`
-(the typed spec, every problem, the P/D pools, the endpoint) that a run passes down; ``validate_inventory``
+(the typed spec, every problem, the endpoint, the control host) that a run passes down; ``validate_inventory``
 returns every problem; ``load_fleet`` is the same, raising :class:`~gpufleet.problems.InventoryError`.
 
 Names are imported on first use: the playbooks' lookups import light submodules of this package (the kept

@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gpufleet.compat import (
     ImageFacts,
     check_driver_toolkit,
@@ -24,7 +22,7 @@ from gpufleet.compat import (
     image_facts,
 )
 from gpufleet.fleet.raw import RawInventory
-from gpufleet.fleet.role_values import ansible_bool
+from gpufleet.fleet.role_values import ansible_bool, role_defaults
 from gpufleet.fleet.schema import FleetSpec
 from gpufleet.paths import project_root
 from gpufleet.planner.vllm_archs import VLLM_VERSION
@@ -97,7 +95,7 @@ def fleet_image(fleet: FleetSpec, variables: Mapping[str, Any], root: Path | Non
     """The facts of the image the fleet runs (``ray_cluster_image``, else the role's default)."""
     name = "ray_cluster_image"
     return _image(
-        fleet, str(variables[name] if name in variables else _role_default(root, "ray_cluster", name))
+        fleet, str(variables[name] if name in variables else role_defaults(root, "ray_cluster").get(name))
     )
 
 
@@ -128,15 +126,8 @@ def vllm_version_warnings(image: ImageFacts) -> list[str]:
 def _values(variables: Mapping[str, Any], root: Path | None) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for name, role in DEFAULTS_FROM.items():
-        values[name] = variables[name] if name in variables else _role_default(root, role, name)
+        values[name] = variables[name] if name in variables else role_defaults(root, role).get(name)
     return values
-
-
-def _role_default(root: Path | None, role: str, name: str) -> Any:
-    path = root / "roles" / role / "defaults" / "main.yml" if root else None
-    if path is None or not path.is_file():
-        return None
-    return (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get(name)
 
 
 def _from_bundle(fleet: FleetSpec, reference: str) -> ImageFacts | None:

@@ -11,13 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gpufleet.fleet.control import CONTROL_GROUP
-from gpufleet.fleet.disagg import POOLS
 from gpufleet.fleet.raw import RawInventory
 from gpufleet.fleet.schema import HOST_NAME
 from gpufleet.problems import Problem
 
 # Groups every gpufleet inventory may have, with or without hosts: Ansible's own and gpufleet's.
-FLEET_GROUPS = frozenset({"all", "ungrouped", "gpu_nodes", "ray_head", "ray_workers", CONTROL_GROUP, *POOLS})
+FLEET_GROUPS = frozenset({"all", "ungrouped", "gpu_nodes", "ray_head", "ray_workers", CONTROL_GROUP})
 
 
 def host_name_problems(raw: RawInventory, groups: Iterable[str] = ()) -> list[Problem]:

@@ -15,6 +15,8 @@ import yaml
 
 from gpufleet.fleet.inventory_cache import cache_key, cache_read, cache_write, files_under, roots, scan
 from gpufleet.fleet.raw import RawHost, RawInventory
+from gpufleet.fleet.retired import PREFIX as RETIRED_PREFIX
+from gpufleet.fleet.retired import variable_problem as retired_variable
 from gpufleet.fleet.yaml_guard import hazard
 from gpufleet.paths import project_root
 from gpufleet.problems import InventoryError, Problem
@@ -182,7 +184,9 @@ def _render(
             message = str(error).splitlines()[0] if str(error) else type(error).__name__
             if isinstance(error, ReferenceError) or "vault" in message.lower():
                 # ansible-core reads vault values lazily: without a vault secret they cannot be read at all.
-                if name.startswith(owned):
+                if name.startswith(RETIRED_PREFIX):  # the name alone says what replaces it
+                    problems.append(retired_variable(host, name))
+                elif name.startswith(owned):
                     problems.append(
                         Problem(
                             f"host {host}",
@@ -211,8 +215,8 @@ def own_prefixes(root: Path | None = None) -> tuple[str, ...]:
 
     A role's namespace is ``<role>_`` for every role with argument specs, the roles validation reads its
     variable names from (``validate.role_variables``): a new role's variables are gpufleet's the day it lands.
-    A hand-kept list here once missed ``monitoring_`` and ``vllm_pd_``, and a vaulted ``monitoring_*`` value
-    was skipped without a word.
+    A hand-kept list here once missed ``monitoring_``, and a vaulted ``monitoring_*`` value was skipped
+    without a word.
     """
     root = root or project_root()
     specs = sorted(root.glob("roles/*/meta/argument_specs.yml")) if root else []

@@ -2,9 +2,9 @@
 
 :func:`load` reads the inventory with ansible-core's own loader
 (:func:`~gpufleet.fleet.inventory.read_inventory`) and checks it (:func:`~gpufleet.fleet.validate.validate`)
-into one frozen :class:`Fleet`. A run builds it once and passes it down: the CLI's plan, deploy()'s stages
-(the P/D pools among them), its validation and the endpoint its downtime meter polls all read the same
-object, where each once read the inventory again.
+into one frozen :class:`Fleet`. A run builds it once and passes it down: the CLI's plan, deploy()'s stages,
+its validation and the endpoint its downtime meter polls all read the same object, where each once read the
+inventory again.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpufleet.fleet.control import control_host
-from gpufleet.fleet.disagg import POOLS, PROXY_PORT, has_pools
 from gpufleet.fleet.inventory import read_inventory
 from gpufleet.fleet.raw import RawInventory
 from gpufleet.fleet.role_values import ansible_bool
@@ -139,13 +138,6 @@ class Fleet:
         return request
 
     @property
-    def pools(self) -> dict[str, tuple[str, ...]]:
-        """The prefill/decode pools' hosts, by group; empty for a fleet served as one instance."""
-        if self.raw is None or not has_pools(self.raw):
-            return {}
-        return {group: tuple(host.name for host in self.raw.members(group)) for group in POOLS}
-
-    @property
     def control(self) -> str | None:
         """The control host (:mod:`gpufleet.fleet.control`): group gpufleet_control's, else the Ray head's."""
         return control_host(self.raw) if self.raw is not None else None
@@ -177,21 +169,17 @@ class Fleet:
         """Where the service answers and its key file, as the inventory sets them (None: not knowable here).
 
         The head's cluster address and ``vllm_service_port`` (or ``vllm_service_host`` when it names one
-        address); for prefill/decode pools the proxy on the head (roles/vllm_pd: ``vllm_pd_proxy_port``).
-        The key file is ``gpufleet_api_key_file`` (or the role's ``vllm_service_api_key_file``), else
-        ``gpufleet.apikey`` beside the inventory, where the vllm_service role keeps a generated key.
+        address). The key file is ``gpufleet_api_key_file`` (or the role's ``vllm_service_api_key_file``),
+        else ``gpufleet.apikey`` beside the inventory, where the vllm_service role keeps a generated key.
         """
         heads = self.raw.members("ray_head") if self.raw is not None else []
         if not heads:
             return None
         variables: dict[str, Any] = dict(heads[0].variables)
-        if self.pools:
-            host, port = str(variables.get("gpufleet_node_ip", "")), str(variables.get(PROXY_PORT, 8000))
-        else:
-            host = str(variables.get("vllm_service_host", "0.0.0.0"))  # vLLM binds all addresses by default
-            if host in ("0.0.0.0", "::"):
-                host = str(variables.get("gpufleet_node_ip", ""))
-            port = str(variables.get("vllm_service_port", 8000))
+        host = str(variables.get("vllm_service_host", "0.0.0.0"))  # vLLM binds all addresses by default
+        if host in ("0.0.0.0", "::"):
+            host = str(variables.get("gpufleet_node_ip", ""))
+        port = str(variables.get("vllm_service_port", 8000))
         if not host or "{{" in host:
             return None
         folder = self.path if self.path.is_dir() else self.path.parent

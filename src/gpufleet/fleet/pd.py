@@ -4,7 +4,10 @@ the image its replicas run can move the KV cache, and the settings measured to m
 The schema (:class:`gpufleet.fleet.schema.PdSpec`) already refuses what cannot work in itself: a connector
 other than NixlConnector (the one vllm-router's P/D mode reaches by URL), ``replicas`` or ``hosts`` beside
 ``pd``, and a setting both roles must share (block size, KV-cache dtype, dtype, context length, the name
-clients send) set on one role. Placement names a role that does not fit (``service NAME (decode)``).
+clients send) set on one role. Placement names a role that does not fit (``service NAME (decode)``) and
+gives each replica its NIXL side-channel ports, one per TP rank, apart from the other replicas' side
+channels on its node; what placement does not check is here: those ports in 1-65535, and none a replica's
+API port on that node.
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ from typing import Any
 
 from gpufleet.compat import image_facts
 from gpufleet.fleet.compatibility import _from_bundle
+from gpufleet.fleet.role_values import role_defaults
 from gpufleet.fleet.schema import FleetSpec, ServiceSpec
+from gpufleet.fleet.services import place_fleet
+from gpufleet.planner.placement import PlacementError
 from gpufleet.problems import Problem
 
 VARIABLE = "gpufleet_services"
@@ -54,7 +60,54 @@ def pd_problems(
                 "requests/s, at 128 the same (tests/gpu/README.md, 'P/D through vllm-router'); set "
                 "serving.block_size: 128"
             )
-    return problems, warnings
+    return problems + side_channel_problems(fleet), warnings
+
+
+def side_channel_problems(fleet: FleetSpec) -> list[Problem]:
+    """Each P/D replica's NIXL side-channel ports (with KV transfer on): at most 65535, none a replica's API
+    port on its node. One line per service and kind; nothing when the services cannot be placed (validation
+    says why elsewhere)."""
+    try:
+        placement = place_fleet(fleet)
+    except PlacementError:
+        return []
+    services = {service.name: service for service in fleet.services}
+    api = {(replica.node, replica.port): replica.id for replica in placement.replicas}
+    found: dict[tuple[str, str], Problem] = {}
+    for replica in placement.replicas:
+        service = services[replica.service]
+        if replica.side_channel_port is None or service.pd is None or not service.pd.kv_transfer:
+            continue
+        first = replica.side_channel_port
+        ports = range(first, first + service.serving_of(replica.role).tensor_parallel_size)
+        where = f"{VARIABLE}: service {service.name} ({replica.role})"
+        if ports[-1] > 65535:
+            said = f"ports {first}-{ports[-1]}" if len(ports) > 1 else f"port {first}"
+            found.setdefault(
+                (service.name, "range"),
+                Problem(
+                    where,
+                    "pd.side_channel_port",
+                    f"{said} for {replica.id} on {replica.node} (one per replica and TP rank)",
+                    "ports from 1 to 65535, the ones derived from it included",
+                    f"set pd.side_channel_port at most {service.pd.side_channel_port - (ports[-1] - 65535)}",
+                ),
+            )
+        taken = next((port for port in ports if (replica.node, port) in api), None)
+        if taken is not None:
+            found.setdefault(
+                (service.name, "api"),
+                Problem(
+                    where,
+                    "pd.side_channel_port",
+                    f"port {taken} for {replica.id} on {replica.node}, "
+                    f"the API port of {api[(replica.node, taken)]}",
+                    "side-channel ports apart from the replicas' API ports on each node",
+                    "set pd.side_channel_port below the replicas' ports "
+                    "(8100 and up unless a service sets its port)",
+                ),
+            )
+    return list(found.values())
 
 
 def _image_problem(
@@ -90,7 +143,5 @@ def _image_problem(
 
 def fleet_image(root: Path | None) -> str | None:
     """The ray_cluster role's default image: what a service runs where the inventory sets none."""
-    from gpufleet.fleet.disagg import role_defaults  # noqa: PLC0415
-
     image = role_defaults(root, "ray_cluster").get("ray_cluster_image")
     return str(image) if image else None

@@ -1,11 +1,10 @@
 """Every port a node listens on, from every role's variables: each in 1-65535 and each distinct on its host.
 
 What one node runs: Ray (the head's GCS, dashboard and client server; every node's raylet, object manager,
-agents, metrics port and its range of worker ports), vLLM (the head's API, the mp executor's master port) or
-the prefill/decode instances (each pool host's API and its connector's ports, one per tensor-parallel rank;
-the proxy on the head), the monitoring exporters (and Prometheus and Grafana on the head), and the artifact
-relays, which listen during a re-deploy while the rest still serves. A value is the inventory's, else the
-role's default; a value that is not a number is left to the value checks (:mod:`gpufleet.fleet.role_values`).
+agents, metrics port and its range of worker ports), vLLM (the head's API, the mp executor's master port),
+the monitoring exporters (and Prometheus and Grafana on the head), and the artifact relays, which listen
+during a re-deploy while the rest still serves. A value is the inventory's, else the role's default; a value
+that is not a number is left to the value checks (:mod:`gpufleet.fleet.role_values`).
 """
 
 from __future__ import annotations
@@ -15,9 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpufleet.fleet.disagg import POOLS, role_defaults
 from gpufleet.fleet.raw import RawHost, RawInventory
-from gpufleet.fleet.role_values import ansible_bool
+from gpufleet.fleet.role_values import ansible_bool, role_defaults
 from gpufleet.problems import Problem
 
 RAY_EVERY_NODE = (
@@ -31,7 +29,7 @@ RAY_EVERY_NODE = (
 RAY_HEAD = ("ray_cluster_port", "ray_cluster_dashboard_port", "ray_cluster_client_server_port")
 # The relays listen one after the other (images, then the model): they may share a port with each other.
 RELAYS = ("image_distribution_relay_port", "model_fetch_relay_port")
-ROLES = ("ray_cluster", "vllm_service", "vllm_pd", "monitoring", "image_distribution", "model_fetch")
+ROLES = ("ray_cluster", "vllm_service", "monitoring", "image_distribution", "model_fetch")
 
 
 @dataclass(frozen=True)
@@ -49,17 +47,14 @@ def check_ports(raw: RawInventory, nodes: list[RawHost], root: Path | None) -> I
     defaults = {role: role_defaults(root, role) for role in ROLES}
     heads = raw.members("ray_head")
     head = heads[0].name if heads else None
-    pooled = any(raw.members(group) for group in POOLS)
     for host in nodes:
-        found = listeners(host, host.name == head, pooled, defaults)
+        found = listeners(host, host.name == head, defaults)
         yield from _out_of_range(host, found)
         yield from _collisions(host, found)
 
 
-def listeners(
-    host: RawHost, is_head: bool, pooled: bool, defaults: Mapping[str, Mapping[str, Any]]
-) -> list[Listener]:
-    """What ``host`` listens on (``pooled``: the fleet serves prefill/decode pools)."""
+def listeners(host: RawHost, is_head: bool, defaults: Mapping[str, Mapping[str, Any]]) -> list[Listener]:
+    """What ``host`` listens on."""
 
     def value(name: str) -> Any:
         role = next(role for role in ROLES if name.startswith(role + "_"))
@@ -77,16 +72,7 @@ def listeners(
         low, high = _int(value("ray_cluster_min_worker_port")), _int(value("ray_cluster_max_worker_port"))
         if low is not None and high is not None:
             found.append(Listener("ray_cluster_min_worker_port", low, high - low + 1, "Ray's worker ports"))
-    pool = next((group for group in POOLS if group in host.groups), None)
-    if pool is not None:
-        tp = max(1, _int(value("vllm_pd_tensor_parallel_size")) or 1)
-        found += port("vllm_pd_port")
-        connector = str(value("vllm_pd_connector") or "NixlConnector")
-        channel = "vllm_pd_side_channel_port" if connector == "NixlConnector" else "vllm_pd_nccl_port"
-        found += port(channel, tp, "one per TP rank")
-    if is_head and pooled:
-        found += port("vllm_pd_proxy_port")
-    elif is_head:
+    if is_head:
         found += port("vllm_service_port")
         if str(value("vllm_service_executor")) == "mp":
             found += port("vllm_service_master_port")

@@ -53,7 +53,7 @@ RANGES: tuple[tuple[str, Range], ...] = (
     (r"monitoring_alert_.*_seconds", Range(0, None, "seconds")),
     (r"monitoring_alert_kv_cache_usage", FRACTION),
     (r"monitoring_alert_waiting_requests", Range(0, None, "requests")),
-    (r"vllm_(service|pd)_start_restarts", Range(0, None, "restarts")),
+    (r"vllm_service_start_restarts", Range(0, None, "restarts")),
     (r".*_log_lines", Range(1, None, "lines")),
     (r"docker_log_max_file", Range(1, None, "files")),
     (r".*_tensor_parallel_size|.*_pipeline_parallel_size", Range(1, None, "GPUs")),
@@ -134,6 +134,15 @@ class Option:
 
 def range_for(name: str) -> Range | None:
     return next((limits for pattern, limits in RANGES if re.fullmatch(pattern, name)), None)
+
+
+def role_defaults(root: Path | None, role: str) -> dict[str, Any]:
+    """A role's ``defaults/main.yml`` as written (templated values unrendered); {} without the role. The one
+    reader of role defaults: validation's checks take a value the inventory does not set from here."""
+    path = root / "roles" / role / "defaults" / "main.yml" if root else None
+    if path is None or not path.is_file():
+        return {}
+    return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
 
 
 @cache

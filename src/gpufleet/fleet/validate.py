@@ -16,12 +16,14 @@ from pydantic import BaseModel, ValidationError
 
 from gpufleet.fleet.compatibility import check_compatibility
 from gpufleet.fleet.control import control_problems
-from gpufleet.fleet.disagg import check_disagg, has_pools
 from gpufleet.fleet.host_names import host_name_problems
 from gpufleet.fleet.inventory import read_inventory
 from gpufleet.fleet.pd import fleet_image, pd_problems
 from gpufleet.fleet.ports import check_ports
 from gpufleet.fleet.raw import RawHost, RawInventory
+from gpufleet.fleet.retired import PREFIX as RETIRED_PREFIX
+from gpufleet.fleet.retired import group_problems as retired_groups
+from gpufleet.fleet.retired import variable_problem as retired_variable
 from gpufleet.fleet.role_values import check_values, role_options
 from gpufleet.fleet.schema import (
     FLEET_ONLY_VARIABLES,
@@ -109,6 +111,7 @@ def validate(raw: RawInventory) -> Validation:
         result.problems.append(error.problem)
         return result
     options = role_options(project_root() or Path("."))
+    result.problems += retired_groups(raw)  # prefill/decode pools: now a service's pd (fleet/retired.py)
     for host in nodes:
         result.problems += _unknown_variables(host, roles)
         result.problems += check_values(host, options)
@@ -119,7 +122,6 @@ def validate(raw: RawInventory) -> Validation:
     if not nodes:
         return result
     result.fleet = _build_fleet(raw, nodes, result)
-    pools = has_pools(raw)  # prefill/decode pools (fleet/disagg.py) are planned per pool, not as one
     if result.fleet is not None:
         if result.fleet.services:  # each service's replicas on GPUs of their own (fleet/services.py)
             problems, warnings = service_problems(result.fleet)
@@ -129,16 +131,13 @@ def validate(raw: RawInventory) -> Validation:
             problems, warnings = pd_problems(result.fleet, head_vars, fleet_image(project_root()))
             result.problems += problems
             result.warnings += warnings
-        elif not pools:
+        else:
             _check_parallelism(result.fleet, result)
         head = next((host for host in nodes if "ray_head" in host.groups), nodes[0])
         compatibility = check_compatibility(result.fleet, head.variables, project_root())
         result.problems += compatibility.problems
         result.warnings += compatibility.warnings
-        disagg = check_disagg(raw, head.variables, project_root(), result.fleet, planner_input=plan_request)
-        result.problems += disagg.problems
-        result.warnings += disagg.warnings
-    if result.fleet is not None and not result.problems and not pools and not result.fleet.services:
+    if result.fleet is not None and not result.problems and not result.fleet.services:
         _check_plan(result.fleet, result)
     result.problems = without_echoes(merged(result.problems))
     return result
@@ -202,6 +201,9 @@ def _unknown_variables(host: RawHost, roles: Mapping[str, str]) -> Iterator[Prob
     known = frozenset(_known(roles))
     prefixes = ("gpufleet_", "vllm_service_", *(f"{role}_" for role in sorted(set(roles.values()))))
     for name in sorted(host.variables):
+        if name.startswith(RETIRED_PREFIX):  # the removed vllm_pd role's: what replaces it (fleet/retired.py)
+            yield retired_variable(host.name, name)
+            continue
         if (role := roles.get(name)) in INTERNAL_ROLES:
             yield Problem(
                 f"host {host.name}",

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet.fleet.disagg import has_pools
 from gpufleet.fleet.loaded import load
 from gpufleet.fleet.raw import RawInventory
 from gpufleet.runner.arguments import RunSpec
@@ -81,8 +80,6 @@ def deploy_plan(
 ) -> RunPlan:
     """A deploy's stages as a plan; DeployError for an unknown stage or a bundle that is not one."""
     names = select_stages(stages)
-    if raw is not None and has_pools(raw):  # P/D pools: serve_pd.yml serves and checks the endpoint
-        names = ["serve_pd" if name == "serve" else name for name in names if name != "verify"]
     variables = dict(extra_vars or {})
     if stages is None and not monitoring_on(raw, variables):  # optional: no run when it is off
         names = [name for name in names if name != "monitoring"]
