@@ -25,11 +25,9 @@ from typing import Any
 
 import pytest
 import yaml
-from ansible.parsing.dataloader import DataLoader
-from ansible.template import Templar, trust_as_template
 
 from .conftest import REPO
-from .test_vllm_service_templates import trusted
+from .role_templates import RoleTemplates
 
 ROLE = REPO / "roles" / "gateway"
 LAUNCHER = ROLE / "files" / "gpufleet_router.py"
@@ -64,27 +62,20 @@ def pd_service(name: str = "chat", **pd: Any) -> dict[str, Any]:
     }
 
 
-class Role:
+class Role(RoleTemplates):
     """The gateway role's templates and variables on the gateway host."""
 
     def __init__(self, key_file: Path | None = None) -> None:
-        self.loader = DataLoader()
-        self.variables: dict[str, Any] = {}
-        for path in (ROLE / "defaults" / "main.yml", ROLE / "vars" / "main.yml"):
-            self.variables |= trusted(self.loader.load_from_file(str(path)))
-        self.variables |= {
-            "inventory_hostname": "node1",
-            "ansible_managed": "Ansible managed",
-            "__gateway_wheel": {"path": "/bundle/gateway/vllm_router.whl", "sha256": "85c96bea" + "0" * 56},
-            "gateway_api_key_file": str(key_file or "/nonexistent"),
-        }
-
-    def render(self, template: str, **variables: Any) -> str:
-        return str(self.value((ROLE / "templates" / template).read_text(encoding="utf-8"), **variables))
-
-    def value(self, expression: str, **variables: Any) -> Any:
-        templar = Templar(loader=self.loader, variables=self.variables | variables)
-        return templar.template(trust_as_template(expression))
+        super().__init__(
+            "gateway",
+            **{
+                "__gateway_wheel": {
+                    "path": "/bundle/gateway/vllm_router.whl",
+                    "sha256": "85c96bea" + "0" * 56,
+                }
+            },
+            gateway_api_key_file=str(key_file or "/nonexistent"),
+        )
 
     def config(self, service: dict[str, Any], **variables: Any) -> dict[str, Any]:
         loaded: dict[str, Any] = json.loads(self.render("router.json.j2", item=service, **variables))

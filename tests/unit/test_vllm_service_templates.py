@@ -19,56 +19,27 @@ from typing import Any
 
 import pytest
 import yaml
-from ansible.parsing.dataloader import DataLoader
-from ansible.template import Templar, trust_as_template
 
 from .conftest import REPO
+from .role_templates import RoleTemplates
 
 ROLE = REPO / "roles" / "vllm_service"
 KEY = "Zk3" * 21 + "q"  # 64 characters, as tasks/api_key.yml generates
 ENV_FILE = "/etc/gpufleet/instances/default/vllm.env"  # where the key lives on the node (vars/main.yml, 0600)
 
 
-def trusted(value: Any) -> Any:
-    """Role files are trusted templates (as Ansible treats them when it loads a role)."""
-    if isinstance(value, str):
-        return trust_as_template(value)
-    if isinstance(value, dict):
-        return {key: trusted(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [trusted(item) for item in value]
-    return value
-
-
-class Role:
+class Role(RoleTemplates):
     """The role's templates and variables as the head node of a two-node fleet sees them."""
 
     def __init__(self) -> None:
-        self.loader = DataLoader()
-        self.variables: dict[str, Any] = {}
-        for path in (ROLE / "defaults" / "main.yml", ROLE / "vars" / "main.yml"):
-            self.variables |= trusted(self.loader.load_from_file(str(path)))
-        self.variables |= {
-            "inventory_hostname": "node1",
-            "groups": {"ray_head": ["node1"], "ray_workers": ["node2"]},
-            "hostvars": {
-                "node1": {"gpufleet_node_ip": "10.0.0.1"},
-                "node2": {"gpufleet_node_ip": "10.0.0.2"},
-            },
-            "gpufleet_node_ip": "10.0.0.1",
-            "gpufleet_model_dir": "/opt/models/tiny",
-            "ansible_managed": "Ansible managed",
-            "__vllm_service_api_key": KEY,
-        }
-
-    def render(self, template: str, **variables: Any) -> str:
-        text = (ROLE / "templates" / template).read_text(encoding="utf-8")
-        return self.value(text, **variables)
-
-    def value(self, expression: str, **variables: Any) -> str:
-        templar = Templar(loader=self.loader, variables=self.variables | variables)
-        rendered: str = templar.template(trust_as_template(expression))
-        return rendered
+        super().__init__(
+            "vllm_service",
+            groups={"ray_head": ["node1"], "ray_workers": ["node2"]},
+            hostvars={"node1": {"gpufleet_node_ip": "10.0.0.1"}, "node2": {"gpufleet_node_ip": "10.0.0.2"}},
+            gpufleet_node_ip="10.0.0.1",
+            gpufleet_model_dir="/opt/models/tiny",
+            **{"__vllm_service_api_key": KEY},  # a literal key: a keyword would be name-mangled
+        )
 
 
 @pytest.fixture

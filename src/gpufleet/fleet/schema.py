@@ -13,9 +13,10 @@ import posixpath
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -231,6 +232,17 @@ IMAGE_REFERENCE = (
 )
 
 
+def _replica_count(most: int) -> AfterValidator:
+    """A number of replicas from 1 to ``most`` (``auto`` passes: as many as fit)."""
+
+    def check(value: int | str) -> int | str:
+        if isinstance(value, int) and not 1 <= value <= most:
+            raise ValueError(f"a number of replicas from 1 to {most}, or auto (as many as fit)")
+        return value
+
+    return AfterValidator(check)
+
+
 PD_ROLES = ("prefill", "decode")
 # Settings both roles of a P/D service share (on the service, not on a role): the connector copies KV-cache
 # blocks as they are (block size, KV-cache dtype, dtype), decode continues what prefill started (the context
@@ -241,16 +253,9 @@ PD_SHARED = ("block_size", "kv_cache_dtype", "dtype", "max_model_len", "served_m
 class PdRoleSpec(_Frozen):
     """One role (prefill or decode) of a P/D service: its replicas, where, and the settings only it has."""
 
-    replicas: int | Literal["auto"] = 1
+    replicas: Annotated[int | Literal["auto"], _replica_count(99)] = 1  # ids <service>-p<index>: 2 digits
     hosts: tuple[str, ...] | None = Field(default=None, min_length=1)
     serving: ServingSpec = ServingSpec()  # what it sets overlays the service's serving (PD_SHARED excepted)
-
-    @field_validator("replicas")
-    @classmethod
-    def _at_least_one(cls, value: int | str) -> int | str:
-        if isinstance(value, int) and not 1 <= value <= 99:
-            raise ValueError("a number of replicas from 1 to 99, or auto (as many as fit)")
-        return value
 
     @model_validator(mode="after")
     def _not_shared(self) -> PdRoleSpec:
@@ -286,7 +291,7 @@ class ServiceSpec(_Frozen):
 
     name: str = Field(pattern=SERVICE_NAME)  # what clients send as `model` (unless serving names another)
     model: ModelSpec
-    replicas: int | Literal["auto"] = Field(default=1)
+    replicas: Annotated[int | Literal["auto"], _replica_count(1024)] = 1
     hosts: tuple[str, ...] | None = Field(default=None, min_length=1)  # nodes (groups already expanded)
     serving: ServingSpec = ServingSpec()
     # the image its replicas run (each in its own container); None = the fleet's (ray_cluster_image)
@@ -321,13 +326,6 @@ class ServiceSpec(_Frozen):
             raise ValueError(
                 "a Docker image reference such as vllm/vllm-openai:v0.24.0 (name[:tag][@sha256:digest])"
             )
-        return value
-
-    @field_validator("replicas")
-    @classmethod
-    def _at_least_one(cls, value: int | str) -> int | str:
-        if isinstance(value, int) and not 1 <= value <= 1024:
-            raise ValueError("a number of replicas from 1 to 1024, or auto (as many as fit)")
         return value
 
 
