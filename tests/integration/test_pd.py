@@ -229,6 +229,28 @@ def test_a_rolling_change_of_the_decode_pool_under_load_fails_no_request(lab: Ru
     assert router_workers(lab, ROUTER_PORT) == sorted(url for _, url in where.values())
 
 
+def test_a_service_that_takes_the_pd_services_ports_replaces_it_in_one_deploy(
+    lab: RunningLab, pd: Pd
+) -> None:
+    """tiny as 3 replicas, each on the port a replica of tiny-pd holds on its node (8100): the serve stage
+    removes the replicas no longer placed whose port a replica placed now takes before any replica starts
+    (before, the new replica exited with "Address already in use" and the deploy failed)."""
+    tiny = {"name": "tiny", "model": TINY, "replicas": 3, "serving": LAB_SERVING}
+    replaced = services_inventory(pd.base, pd.folder / "replaced", [tiny], pd.key_file, MORE)
+    report = deploy(replaced, bundle=pd.bundle, stages=["serve", "verify"], load=0)
+    assert report.ok, failures(report)
+    for index, (replica, (host, _)) in enumerate(placed(lab).items()):
+        unit = f"gpufleet-vllm@{replica}.service"
+        assert lab.ssh(host, ["systemctl", "is-active", unit]).stdout.strip() != "active", unit
+        new = f"gpufleet-vllm@tiny-{index}.service"
+        assert lab.ssh(host, ["systemctl", "is-active", new]).stdout.strip() == "active", new
+        assert (
+            "port: 8100" in lab.ssh(host, ["cat", f"/etc/gpufleet/instances/tiny-{index}/vllm.yaml"]).stdout
+        )
+    edge = f"http://{lab.inventory.hosts[0].ip}:{EDGE_PORT}/v1"
+    assert chat(edge, pd.key, "tiny", "Hi")[0] == 200 and chat(edge, pd.key, SERVICE, "Hi")[0] == 404
+
+
 def test_teardown_stops_the_replicas_the_router_and_its_port_lock(lab: RunningLab, pd: Pd) -> None:
     down = teardown(pd.inventory)
     assert down.ok, failures(down)

@@ -32,7 +32,15 @@ from .role_templates import RoleTemplates
 ROLE = REPO / "roles" / "gateway"
 LAUNCHER = ROLE / "files" / "gpufleet_router.py"
 LOCK = ROLE / "files" / "gpufleet-router-lock"
-WHEEL = REPO / "dist" / "lab-bundle" / "gateway" / "vllm_router-0.1.17-cp38-abi3-manylinux_2_28_x86_64.whl"
+WHEEL_NAME = "vllm_router-0.1.17-cp38-abi3-manylinux_2_28_x86_64.whl"
+# The pinned wheel: make demo's lab bundle in the checkout, else the lab bundle the lab tests keep for every
+# checkout (tests/integration/conftest.py, lab_bundle: ~/.cache/gpufleet/lab-bundle)
+WHEELS = (
+    REPO / "dist" / "lab-bundle" / "gateway" / WHEEL_NAME,
+    Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    / "gpufleet/lab-bundle/gateway"
+    / WHEEL_NAME,
+)
 KEY = "Gw5" * 21 + "k"  # 64 characters, as the fleet's key file holds
 KEY_FILE = "/etc/gpufleet/gateway/api.key"  # where the P/D routers' key lives on the gateway host (0600)
 PREFILL = ["http://10.0.0.1:8100"]
@@ -178,10 +186,11 @@ def test_each_roles_policy_defaults_to_the_services(
 @pytest.fixture(scope="module")
 def router_args(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The pinned wheel's own argument parser (vllm_router/router_args.py: plain Python, no Rust)."""
-    if not WHEEL.is_file():
-        pytest.skip(f"{WHEEL.relative_to(REPO)} is not built (make demo builds the lab bundle)")
+    found = next((path for path in WHEELS if path.is_file()), None)
+    if found is None:
+        pytest.skip(f"{WHEEL_NAME} is in no lab bundle yet (make demo or the lab tests build one)")
     folder = tmp_path_factory.mktemp("wheel")
-    with zipfile.ZipFile(WHEEL) as wheel:
+    with zipfile.ZipFile(found) as wheel:
         wheel.extract("vllm_router/router_args.py", folder)
     spec = importlib.util.spec_from_file_location(
         "gateway_router_args", folder / "vllm_router/router_args.py"

@@ -8,6 +8,7 @@ of deployment; this sees a dropped key in a second.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -412,3 +413,41 @@ def test_a_pd_replica_gets_its_kv_connector_and_its_environment(role: Role) -> N
     assert {"VLLM_NIXL_SIDE_CHANNEL_HOST=10.0.0.2", "VLLM_NIXL_SIDE_CHANNEL_PORT=5601"} <= set(lines)
     assert "kv-transfer-config" not in yaml.safe_load(role.render("vllm.yaml.j2", **OWN))
     assert "NIXL" not in role.render("vllm.env.j2", **OWN)
+
+
+def test_prune_before_the_replicas_start_takes_only_the_instances_on_a_port_placed_now(role: Role) -> None:
+    """serve.yml frees the ports that replicas no longer placed hold before the replicas placed now start (a
+    service replaced by another on the same node and port); without ports, prune takes every instance not
+    kept, never `default` (the one-model form's)."""
+    found = {"files": [{"path": f"/etc/gpufleet/instances/{i}"} for i in ("default", "a-0", "b-0", "c-0")]}
+
+    def read(instance: str, port: int) -> dict[str, Any]:
+        return {"item": instance, "content": base64.b64encode(f"model: /m\nport: {port}\n".encode()).decode()}
+
+    configs = {"results": [read("b-0", 8100), read("c-0", 8101), {"item": "d-0", "failed": True}]}
+    common = {"__vllm_service_instances_found": found, "vllm_service_instances_kept": ["a-0"]}
+    assert role.value("{{ __vllm_service_not_kept }}", **common) == ["b-0", "c-0"]
+    assert role.value("{{ __vllm_service_pruned }}", **common) == ["b-0", "c-0"]
+    early = {**common, "vllm_service_prune_ports": [8100], "__vllm_service_not_kept_configs": configs}
+    assert role.value("{{ __vllm_service_pruned }}", **early) == ["b-0"]
+
+
+def test_admit_and_drain_act_only_on_the_router_the_gateway_configured_for_the_service(role: Role) -> None:
+    """A service new in this deploy has no router configuration yet, and the port the placement gives it may
+    still be another service's router (a service replaced or removed): admit and drain leave that one
+    alone."""
+    router = {"url": "http://127.0.0.1:8200", "config": "/etc/gpufleet/gateway/tiny.json"}
+
+    def read(port: int) -> dict[str, Any]:
+        config = {"service": {"port": port, "workers": ["http://10.0.0.1:8100"]}}
+        return {"content": base64.b64encode(json.dumps(config).encode()).decode()}
+
+    ours = "{{ __vllm_service_router_ours }}"
+    assert role.value(ours, vllm_service_router=router, __vllm_service_router_config=read(8200)) is True
+    assert role.value(ours, vllm_service_router=router, __vllm_service_router_config=read(8201)) is False
+    assert (
+        role.value(ours, vllm_service_router=router, __vllm_service_router_config={"failed": True}) is False
+    )
+    workers = role.value("{{ __vllm_service_router_workers }}", vllm_service_router=router,
+                         __vllm_service_router_config=read(8200))  # fmt: skip
+    assert workers == ["http://10.0.0.1:8100"]
