@@ -108,7 +108,6 @@ RUN_TIME_FACTS = (
     "gpufleet_gateway_endpoint",
     "gpufleet_monitoring_endpoints",
     "gpufleet_nodes",
-    "gpufleet_pd_status",
     "gpufleet_ray_gpus",
     "gpufleet_ray_nodes_alive",
     "gpufleet_ray_nodes_expected",

@@ -229,12 +229,28 @@ def test_a_rolling_change_of_the_decode_pool_under_load_fails_no_request(lab: Ru
     assert router_workers(lab, ROUTER_PORT) == sorted(url for _, url in where.values())
 
 
+def test_teardown_stops_the_replicas_the_router_and_its_port_lock(lab: RunningLab, pd: Pd) -> None:
+    assert re.search(r"GPUFLEET-PD", on_head(lab, "iptables", "-S").stdout)  # the router's lock, before
+    down = teardown(pd.inventory)
+    assert down.ok, failures(down)
+    for replica, (host, _) in placed(lab).items():
+        unit = f"gpufleet-vllm@{replica}.service"
+        assert lab.ssh(host, ["systemctl", "is-active", unit]).stdout.strip() != "active", unit
+    router = f"gpufleet-router@{SERVICE}.service"
+    assert on_head(lab, "systemctl", "is-active", router).stdout.strip() != "active"
+    chains = on_head(lab, "iptables", "-S").stdout
+    assert not re.search(r"GPUFLEET-PD", chains), chains  # the lock went with the router (ExecStopPost)
+
+
 def test_a_service_that_takes_the_pd_services_ports_replaces_it_in_one_deploy(
     lab: RunningLab, pd: Pd
 ) -> None:
     """tiny as 3 replicas, each on the port a replica of tiny-pd holds on its node (8100): the serve stage
     removes the replicas no longer placed whose port a replica placed now takes before any replica starts
     (before, the new replica exited with "Address already in use" and the deploy failed)."""
+    back = deploy(pd.inventory, bundle=pd.bundle, stages=["serve"], load=0)  # after the teardown above
+    assert back.ok, failures(back)
+    assert all(main_pid(lab, host, replica) != "0" for replica, (host, _) in placed(lab).items())
     tiny = {"name": "tiny", "model": TINY, "replicas": 3, "serving": LAB_SERVING}
     replaced = services_inventory(pd.base, pd.folder / "replaced", [tiny], pd.key_file, MORE)
     report = deploy(replaced, bundle=pd.bundle, stages=["serve", "verify"], load=0)
@@ -249,15 +265,3 @@ def test_a_service_that_takes_the_pd_services_ports_replaces_it_in_one_deploy(
         )
     edge = f"http://{lab.inventory.hosts[0].ip}:{EDGE_PORT}/v1"
     assert chat(edge, pd.key, "tiny", "Hi")[0] == 200 and chat(edge, pd.key, SERVICE, "Hi")[0] == 404
-
-
-def test_teardown_stops_the_replicas_the_router_and_its_port_lock(lab: RunningLab, pd: Pd) -> None:
-    down = teardown(pd.inventory)
-    assert down.ok, failures(down)
-    for replica, (host, _) in placed(lab).items():
-        unit = f"gpufleet-vllm@{replica}.service"
-        assert lab.ssh(host, ["systemctl", "is-active", unit]).stdout.strip() != "active", unit
-    router = f"gpufleet-router@{SERVICE}.service"
-    assert on_head(lab, "systemctl", "is-active", router).stdout.strip() != "active"
-    chains = on_head(lab, "iptables", "-S").stdout
-    assert not re.search(r"GPUFLEET-PD", chains), chains  # the lock went with the router (ExecStopPost)
