@@ -48,7 +48,7 @@ class Compatibility:
 def check_compatibility(fleet: FleetSpec, variables: Mapping[str, Any], root: Path | None) -> Compatibility:
     """Every mismatch between the fleet's driver, toolkit, image, executor and GPUs."""
     value = _values(variables, root)
-    image = _image(fleet, str(value["ray_cluster_image"]))
+    image = image_of(fleet, str(value["ray_cluster_image"]))
     executor, findings = check_executor(
         str(value.get("vllm_service_executor") or "auto"), image, value.get("ray_cluster_start_ray", "auto")
     )
@@ -79,7 +79,7 @@ def _service_images(
     for service in fleet.services:
         if service.image is None or not gpus:
             continue
-        image = _image(fleet, service.image)
+        image = image_of(fleet, service.image)
         where = f"gpufleet_services ({service.name})"
         for f in check_image(image, driver, gpus, forward_compat=forward_compat) if driver else []:
             variable = "image" if f.variable == "ray_cluster_image" else f.variable
@@ -94,7 +94,7 @@ def _service_images(
 def fleet_image(fleet: FleetSpec, variables: Mapping[str, Any], root: Path | None) -> ImageFacts:
     """The facts of the image the fleet runs (``ray_cluster_image``, else the role's default)."""
     name = "ray_cluster_image"
-    return _image(
+    return image_of(
         fleet, str(variables[name] if name in variables else role_defaults(root, "ray_cluster").get(name))
     )
 
@@ -111,7 +111,8 @@ def fleet_vllm_version_warnings(
     return vllm_version_warnings(fleet_image(spec, variables, project_root()))
 
 
-def _image(fleet: FleetSpec, reference: str) -> ImageFacts:
+def image_of(fleet: FleetSpec, reference: str) -> ImageFacts:
+    """The facts of image ``reference``: the bundle lock's where it records them, else gpufleet.compat's."""
     return image_facts(reference, _from_bundle(fleet, reference))
 
 

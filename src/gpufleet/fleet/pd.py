@@ -16,9 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpufleet.compat import image_facts
-from gpufleet.fleet.compatibility import _from_bundle
-from gpufleet.fleet.role_values import role_defaults
+from gpufleet.compat import ImageFacts
+from gpufleet.fleet.compatibility import fleet_image, image_of
 from gpufleet.fleet.schema import FleetSpec, ServiceSpec
 from gpufleet.fleet.services import place_fleet
 from gpufleet.planner.placement import PlacementError
@@ -29,10 +28,11 @@ LAB_IMAGE = "gpufleet/vllm-cpu:"  # the lab's CPU build of vLLM: no NIXL, no GPU
 
 
 def pd_problems(
-    fleet: FleetSpec, head_variables: Mapping[str, Any], fleet_image: str | None
+    fleet: FleetSpec, head_variables: Mapping[str, Any], root: Path | None
 ) -> tuple[list[Problem], list[str]]:
     """What keeps each P/D service of ``fleet`` from moving its KV cache (problems), and what is slow or test
-    only (warnings). ``fleet_image`` is the image a service without its own runs (ray_cluster_image)."""
+    only (warnings). A service without its own image runs the fleet's (the head's ray_cluster_image, else the
+    role's default: compatibility.fleet_image)."""
     problems: list[Problem] = []
     warnings: list[str] = []
     for service in fleet.services:
@@ -46,9 +46,9 @@ def pd_problems(
                 "prompt again; not for production"
             )
             continue
-        reference = service.image or str(head_variables.get("ray_cluster_image") or fleet_image or "")
+        image = image_of(fleet, service.image) if service.image else fleet_image(fleet, head_variables, root)
         field = "image" if service.image else "ray_cluster_image"
-        problem = _image_problem(fleet, service, where, field, reference)
+        problem = _image_problem(service, where, field, image)
         if isinstance(problem, Problem):
             problems.append(problem)
         elif problem:
@@ -110,10 +110,9 @@ def side_channel_problems(fleet: FleetSpec) -> list[Problem]:
     return list(found.values())
 
 
-def _image_problem(
-    fleet: FleetSpec, service: ServiceSpec, where: str, field: str, reference: str
-) -> Problem | str | None:
+def _image_problem(service: ServiceSpec, where: str, field: str, facts: ImageFacts) -> Problem | str | None:
     """A problem when the image cannot move the KV cache, a warning when that is not known, else None."""
+    reference = facts.reference
     if reference.startswith(LAB_IMAGE):
         return Problem(
             where,
@@ -123,7 +122,6 @@ def _image_problem(
             "serve a CUDA vLLM image with NIXL (vllm/vllm-openai); in the lab only, set "
             "pd.kv_transfer: false",
         )
-    facts = image_facts(reference, _from_bundle(fleet, reference))
     if facts.has_nixl is False:
         return Problem(
             where,
@@ -139,9 +137,3 @@ def _image_problem(
             "known; the P/D replicas need it. Check with `docker run --rm IMAGE python3 -c 'import nixl'`"
         )
     return None
-
-
-def fleet_image(root: Path | None) -> str | None:
-    """The ray_cluster role's default image: what a service runs where the inventory sets none."""
-    image = role_defaults(root, "ray_cluster").get("ray_cluster_image")
-    return str(image) if image else None

@@ -18,7 +18,7 @@ from gpufleet.fleet.compatibility import check_compatibility
 from gpufleet.fleet.control import control_problems
 from gpufleet.fleet.host_names import host_name_problems
 from gpufleet.fleet.inventory import read_inventory
-from gpufleet.fleet.pd import fleet_image, pd_problems
+from gpufleet.fleet.pd import pd_problems
 from gpufleet.fleet.ports import check_ports
 from gpufleet.fleet.raw import RawHost, RawInventory
 from gpufleet.fleet.retired import PREFIX as RETIRED_PREFIX
@@ -123,17 +123,16 @@ def validate(raw: RawInventory) -> Validation:
         return result
     result.fleet = _build_fleet(raw, nodes, result)
     if result.fleet is not None:
+        head = next((host for host in nodes if "ray_head" in host.groups), nodes[0])
         if result.fleet.services:  # each service's replicas on GPUs of their own (fleet/services.py)
             problems, warnings = service_problems(result.fleet)
             result.problems += problems
             result.warnings += warnings
-            head_vars = next((host for host in nodes if "ray_head" in host.groups), nodes[0]).variables
-            problems, warnings = pd_problems(result.fleet, head_vars, fleet_image(project_root()))
+            problems, warnings = pd_problems(result.fleet, head.variables, project_root())
             result.problems += problems
             result.warnings += warnings
         else:
             _check_parallelism(result.fleet, result)
-        head = next((host for host in nodes if "ray_head" in host.groups), nodes[0])
         compatibility = check_compatibility(result.fleet, head.variables, project_root())
         result.problems += compatibility.problems
         result.warnings += compatibility.warnings
