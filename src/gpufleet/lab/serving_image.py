@@ -59,6 +59,10 @@ class ImageSpec:
     venv: str
     requirements: tuple[str, ...]
     exclude: tuple[str, ...]
+    # Paths under the venv left out of the layer, and whether the venv's ELF files lose their debug sections:
+    # bytes no server reads, which every `docker load` of the lab reads, hashes and writes (issue 33).
+    drop: tuple[str, ...] = ()
+    strip_debug: bool = False
     env: dict[str, str] = field(default_factory=dict)
     cmd: tuple[str, ...] = ("vllm", "--version")
     workdir: str = "/"
@@ -66,7 +70,7 @@ class ImageSpec:
     @classmethod
     def load(cls, path: Path) -> ImageSpec:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        for key in ("packages", "requirements", "exclude", "cmd"):
+        for key in ("packages", "requirements", "exclude", "drop", "cmd"):
             if key in data:
                 data[key] = tuple(data[key])
         data["env"] = {str(k): str(v) for k, v in data.get("env", {}).items()}
@@ -230,9 +234,37 @@ def install_venv(spec: ImageSpec, base: Path, house: Path, work: Path) -> None:
         f"{spec.venv}/bin/pip install --quiet --no-index --no-deps /wheels/*.whl\n"
     )
     chroot_script(work, script, {house: "/wheels"}, "pip install (chroot)")
-    alias_vllm_metadata(work / spec.venv.lstrip("/"))
+    venv = work / spec.venv.lstrip("/")
+    alias_vllm_metadata(venv)
+    slim_venv(venv, spec.drop, spec.strip_debug)
     chroot_script(work, f"{spec.venv}/bin/python -c 'import {', '.join(IMPORT_CHECK)}'", {}, "import check")
     os.rmdir(work / "wheels")
+
+
+def slim_venv(venv: Path, drop: Sequence[str], strip_debug: bool) -> None:
+    """Remove the ``drop`` paths (relative to the venv; globs) and, with ``strip_debug``, the debug sections
+    of every ELF file that has them (``strip --strip-debug``: the symbol tables stay, and nothing that runs
+    changes). The import check runs after this."""
+    for pattern in drop:
+        matched = sorted(venv.glob(pattern))
+        if not matched:
+            raise ImageBuildError(f"drop: {pattern!r} matches nothing under {venv}")
+        for path in matched:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+    if not strip_debug:
+        return
+    for path in sorted(venv.rglob("*")):
+        if path.is_symlink() or not path.is_file() or path.stat().st_size < 4096:
+            continue
+        with path.open("rb") as handle:
+            if handle.read(4) != b"\x7fELF":
+                continue
+        sections = run(["readelf", "--section-headers", "--wide", str(path)], f"readelf {path.name}")
+        if ".debug_info" in sections:
+            run(["strip", "--strip-debug", str(path)], f"strip {path.name}")
 
 
 def alias_vllm_metadata(venv: Path) -> None:
@@ -300,7 +332,7 @@ def base_layer(spec: ImageSpec, cache: Path) -> Layer:
 
 
 def venv_layer(spec: ImageSpec, cache: Path, keep_rootfs: bool) -> Layer:
-    key = spec.key("suite", "mirror", "packages", "venv", "requirements", "exclude")
+    key = spec.key("suite", "mirror", "packages", "venv", "requirements", "exclude", "drop", "strip_debug")
     dest = cache / "layers" / f"venv-{key}.tar"
     if layer := cached_layer(dest):
         return layer
