@@ -168,18 +168,23 @@ def test_slim_venv_drops_the_paths_and_strips_debug_sections_only(tmp_path: Path
 
     if not (shutil.which("cc") and shutil.which("readelf") and shutil.which("strip")):
         pytest.skip("needs cc and binutils")
-    venv = make_tree(tmp_path / "venv", {"bin/tool.c": "int main(void) { return 7; }\n", "bin/run": "#!/bin/sh\n"})
+    source = {"bin/tool.c": "int main(void) { return 7; }\n", "bin/run": "#!/bin/sh\n"}
+    venv = make_tree(tmp_path / "venv", source)
     subprocess.run(["cc", "-g", "-O0", "-o", str(venv / "bin/tool"), str(venv / "bin/tool.c")], check=True)
     subprocess.run(["cc", "-s", "-o", str(venv / "bin/plain"), str(venv / "bin/tool.c")], check=True)
     (venv / "bin/link").symlink_to("tool")
     make_tree(venv, {"lib/site/torch/test/a_test": "x" * 10, "lib/site/torch/keep.py": ""})
-    sections = ["readelf", "--section-headers", "--wide"]
-    assert ".debug_info" in subprocess.run([*sections, str(venv / "bin/tool")], capture_output=True, text=True).stdout
+
+    def sections() -> str:
+        readelf = ["readelf", "--section-headers", "--wide", str(venv / "bin/tool")]
+        return subprocess.run(readelf, capture_output=True, text=True, check=True).stdout
+
+    assert ".debug_info" in sections()
     plain = (venv / "bin/plain").read_bytes()
 
     serving_image.slim_venv(venv, ["lib/site/torch/test"], strip_debug=True)
 
-    assert ".debug_" not in subprocess.run([*sections, str(venv / "bin/tool")], capture_output=True, text=True).stdout
+    assert ".debug_" not in sections()
     assert subprocess.run([str(venv / "bin/tool")], check=False).returncode == 7
     assert (venv / "bin/plain").read_bytes() == plain and (venv / "bin/run").read_text() == "#!/bin/sh\n"
     assert not (venv / "lib/site/torch/test").exists() and (venv / "lib/site/torch/keep.py").exists()
