@@ -201,7 +201,7 @@ def lab_bundle() -> Path:
     """The lab bundle (what ``make demo`` deploys), kept in ~/.cache/gpufleet/lab-bundle for every checkout.
 
     A fresh clone re-checks it against this checkout's lab manifest (seconds: the verified-file cache) instead
-    of copying 2.8 GiB again; one worker builds it while another waits. A bundle that no longer verifies
+    of copying 2.1 GiB again; one worker builds it while another waits. A bundle that no longer verifies
     (a file the manifest dropped) is built again from nothing.
     """
     bundle, console = cache_dir().parent / "lab-bundle", Console(stderr=True)

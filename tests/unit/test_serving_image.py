@@ -1,6 +1,6 @@
 """The serving image builder's output format and cache keys, on small inputs (no root, no network).
 
-The real image (2.9 GB) is built and `docker load`ed on lab hosts by tests/integration/test_serving.py;
+The real image (2.1 GB) is built and `docker load`ed on lab hosts by tests/integration/test_serving.py;
 here the archive layout `docker load` reads is checked byte for byte on two tiny layers.
 """
 
@@ -190,3 +190,12 @@ def test_slim_venv_drops_the_paths_and_strips_debug_sections_only(tmp_path: Path
     assert not (venv / "lib/site/torch/test").exists() and (venv / "lib/site/torch/keep.py").exists()
     with pytest.raises(serving_image.ImageBuildError, match="matches nothing"):
         serving_image.slim_venv(venv, ["lib/site/torch/test"], strip_debug=False)
+
+
+def test_slim_venv_names_binutils_when_strip_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no readelf, no strip
+    with pytest.raises(serving_image.ImageBuildError, match="apt-get install -y binutils"):
+        serving_image.slim_venv(make_tree(tmp_path / "venv", {"bin/x": ""}), [], strip_debug=True)
+    serving_image.slim_venv(tmp_path / "venv", [], strip_debug=False)  # nothing to strip: no tool needed

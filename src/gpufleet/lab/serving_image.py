@@ -256,6 +256,12 @@ def slim_venv(venv: Path, drop: Sequence[str], strip_debug: bool) -> None:
                 path.unlink()
     if not strip_debug:
         return
+    missing = [tool for tool in ("readelf", "strip") if shutil.which(tool) is None]
+    if missing:
+        raise ImageBuildError(
+            f"serving image: strip_debug: found no {' or '.join(missing)}; expected binutils installed."
+            " Fix: apt-get install -y binutils (make lab-prereqs does), or set strip_debug: false in the spec"
+        )
     for path in sorted(venv.rglob("*")):
         if path.is_symlink() or not path.is_file() or path.stat().st_size < 4096:
             continue
