@@ -248,7 +248,10 @@ def slim_venv(venv: Path, drop: Sequence[str], strip_debug: bool) -> None:
     for pattern in drop:
         matched = sorted(venv.glob(pattern))
         if not matched:
-            raise ImageBuildError(f"drop: {pattern!r} matches nothing under {venv}")
+            raise ImageBuildError(
+                f"serving image: drop: found nothing for {pattern!r} under {venv}; expected a path the venv"
+                " holds. Fix: correct or remove it under drop: in the spec (images/vllm-cpu/image.yml)"
+            )
         for path in matched:
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path)
