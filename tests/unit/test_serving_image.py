@@ -187,6 +187,7 @@ def test_slim_venv_drops_the_paths_and_strips_debug_sections_only(tmp_path: Path
     assert ".debug_" not in sections()
     assert subprocess.run([str(venv / "bin/tool")], check=False).returncode == 7
     assert (venv / "bin/plain").read_bytes() == plain and (venv / "bin/run").read_text() == "#!/bin/sh\n"
+    assert (venv / "bin/link").is_symlink() and (venv / "bin/link").readlink() == Path("tool")
     assert not (venv / "lib/site/torch/test").exists() and (venv / "lib/site/torch/keep.py").exists()
     with pytest.raises(serving_image.ImageBuildError, match=r"found nothing for .* Fix: correct"):
         serving_image.slim_venv(venv, ["lib/site/torch/test"], strip_debug=False)
