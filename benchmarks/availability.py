@@ -48,6 +48,7 @@ from typing import Any
 from gpufleet.lab import Lab
 from gpufleet.lab.demo import route_to_bridge
 from gpufleet.lab.state import lab_dir
+from gpufleet.runner.availability import TIMEOUT
 
 MAX_REQUESTS = 20000
 # On the head: each URL's vllm:request_success_total, or -1 when it does not answer (stdin: {name: URL})
@@ -76,7 +77,8 @@ def chat(url: str, key: str) -> int:
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
     request = urllib.request.Request(f"{url}/chat/completions", json.dumps(body).encode(), headers)
     try:
-        with urllib.request.urlopen(request, timeout=30) as response:  # the lab network only
+        # the runner's LoadMeter's timeout: a request the router holds on a lost node answers after ~45 s
+        with urllib.request.urlopen(request, timeout=TIMEOUT) as response:  # the lab network only
             response.read()
             return int(response.status)
     except urllib.error.HTTPError as error:
