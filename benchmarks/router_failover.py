@@ -6,7 +6,7 @@
 The router is the real one: the pinned wheel (``--wheel``; by default the lab bundle's,
 ``~/.cache/gpufleet/lab-bundle/gateway``), unpacked and started by the gateway role's own launcher
 (``roles/gateway/files/gpufleet_router.py``) with the arguments the role renders for a regular service (its
-defaults from ``roles/gateway/defaults/main.yml``: round robin, a health check every second, out after 2
+template rendered with its defaults: round robin, a health check every second, out after 2
 failures, the circuit breaker's timeout). Its three replicas are TEST DOUBLES of vLLM's OpenAI server (a
 Python HTTP server answering ``/health``, ``/v1/models`` and every POST after ``--service-time`` seconds, with
 its own name in the answer): what is measured is the router, so no model runs. Each sits in a network
@@ -46,11 +46,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 REPO = Path(__file__).resolve().parents[1]
-LAUNCHER = REPO / "roles" / "gateway" / "files" / "gpufleet_router.py"
-DEFAULTS = REPO / "roles" / "gateway" / "defaults" / "main.yml"
+ROLE = REPO / "roles" / "gateway"
+LAUNCHER = ROLE / "files" / "gpufleet_router.py"
 WHEEL_NAME = "vllm_router-0.1.17-cp38-abi3-manylinux_2_28_x86_64.whl"
 WHEEL = (
     Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
@@ -149,17 +147,22 @@ def network() -> Iterator[None]:
 
 
 def gateway_args() -> list[str]:
-    """What the gateway role renders for a regular service of the three replicas (router.json.j2)."""
-    defaults = yaml.safe_load(DEFAULTS.read_text(encoding="utf-8"))
+    """The arguments the gateway role renders for a regular service of the three replicas: its own template
+    (``router.json.j2``) and variables (defaults, then vars), through Ansible's Templar; the gateway host is
+    the router's address here."""
+    from ansible.parsing.dataloader import DataLoader  # noqa: PLC0415  (ansible-core, as the role renders)
+    from ansible.template import Templar, trust_as_template  # noqa: PLC0415
+
+    loader, variables = DataLoader(), dict[str, Any]()
+    for path in (ROLE / "defaults" / "main.yml", ROLE / "vars" / "main.yml"):
+        loaded = loader.load_from_file(str(path))
+        variables |= {name: trust_as_template(v) if isinstance(v, str) else v for name, v in loaded.items()}
     workers = [f"http://{address}:{WORKER_PORT}" for address in WORKERS.values()]
-    return [
-        "--host", ROUTER_IP, "--port", str(ROUTER_PORT), "--worker-urls", *workers,
-        "--policy", str(defaults["gateway_policy"]),
-        "--health-check-interval-secs", str(defaults["gateway_health_check_interval"]),
-        "--health-failure-threshold", str(defaults["gateway_health_failure_threshold"]),
-        "--cb-timeout-duration-secs", str(defaults["gateway_circuit_breaker_timeout"]),
-        "--prometheus-host", "127.0.0.1", "--prometheus-port", "29201",
-    ]  # fmt: skip
+    service = {"name": "tiny", "port": ROUTER_PORT, "metrics_port": 29201, "workers": workers}
+    variables |= {"gateway_host": ROUTER_IP, "__gateway_wheel": {"sha256": "0" * 64}, "item": service}
+    template = trust_as_template((ROLE / "templates" / "router.json.j2").read_text(encoding="utf-8"))
+    rendered = Templar(loader=loader, variables=variables).template(template)
+    return [str(arg) for arg in json.loads(rendered)["args"]]
 
 
 def chat() -> tuple[float, int, str]:
