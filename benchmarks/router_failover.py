@@ -46,6 +46,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from gpufleet.runner.availability import TIMEOUT as CLIENT_TIMEOUT  # as long as the runner's meter waits
+
 REPO = Path(__file__).resolve().parents[1]
 ROLE = REPO / "roles" / "gateway"
 LAUNCHER = ROLE / "files" / "gpufleet_router.py"
@@ -61,7 +63,6 @@ ROUTER_IP, ROUTER_PORT, WORKER_PORT = f"{SUBNET}.1", 8200, 8100
 WORKERS = {f"w{index}": f"{SUBNET}.{index + 1}" for index in (1, 2, 3)}
 VICTIM = "w3"
 CLONE_NEWNET = 0x40000000
-CLIENT_TIMEOUT = 120.0  # the runner's LoadMeter's (gpufleet.runner.availability.TIMEOUT)
 
 # A TEST DOUBLE of a vLLM replica's OpenAI server: the router only needs /health and an answer per request
 REPLICA = r"""
@@ -103,7 +104,7 @@ def link(ns: str, address: str) -> None:
     """ns's link to the bridge (its end ``eth0`` with ``address``; the bridge's end ``PREFIX-ns``)."""
     end = f"{PREFIX}-{ns}"  # made in the bridge's namespace, its peer moved to ns's as eth0
     sh(*in_ns("br", "ip", "link", "add", end, "type", "veth", "peer", "name", "eth0", "netns", end))
-    sh(*in_ns("br", "ip", "link", "set", f"{PREFIX}-{ns}", "master", "br0", "up"))
+    sh(*in_ns("br", "ip", "link", "set", end, "master", "br0", "up"))
     sh(*in_ns(ns, "ip", "addr", "add", f"{address}/24", "dev", "eth0"))
     sh(*in_ns(ns, "ip", "link", "set", "eth0", "up"))
 
@@ -185,6 +186,7 @@ class Round:
     """A router and its three replicas, started; :meth:`lose` takes the victim's node away."""
 
     def __init__(self, folder: Path, service_time: float) -> None:
+        """Started from ``folder``: the unpacked wheel, ``replica.py``, ``router.json`` (:func:`prepare`)."""
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         bridge = subprocess.run(
             in_ns("br", "ip", "link", "show", f"{PREFIX}-{VICTIM}"), capture_output=True, check=False
@@ -192,12 +194,7 @@ class Round:
         if bridge.returncode != 0:  # the last round took it away: plugged in again (a fresh MAC)
             link(VICTIM, WORKERS[VICTIM])
         sh(*in_ns("r", "ip", "neigh", "flush", "all"))
-        script = folder / "replica.py"
-        script.write_text(REPLICA, encoding="utf-8")
-        config = folder / "router.json"
-        config.write_text(
-            json.dumps({"path": str(folder / "wheel"), "args": gateway_args()}), encoding="utf-8"
-        )
+        script, config = folder / "replica.py", folder / "router.json"
         for name in WORKERS:
             command = in_ns(name, sys.executable, str(script), str(WORKER_PORT), name, str(service_time))
             self.processes[name] = subprocess.Popen(
@@ -276,6 +273,15 @@ def routed_after(folder: Path, service_time: float, seconds: float = 30.0) -> di
         trip.close()
 
 
+def prepare(folder: Path, wheel: Path, router_args: list[str]) -> None:
+    """What every round starts from: the wheel unpacked, the replica double's script, the router's config."""
+    with zipfile.ZipFile(wheel) as unpacked:
+        unpacked.extractall(folder / "wheel")
+    (folder / "replica.py").write_text(REPLICA, encoding="utf-8")
+    config = {"path": str(folder / "wheel"), "args": router_args}
+    (folder / "router.json").write_text(json.dumps(config), encoding="utf-8")
+
+
 def markdown(results: dict[str, Any]) -> str:
     rounds = results["rounds"]
     waits = [r["in_flight"]["seconds"] for r in rounds]
@@ -323,8 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     with tempfile.TemporaryDirectory(prefix="gpufleet-failover-") as temp, network():
         folder = Path(temp)
-        with zipfile.ZipFile(args.wheel) as wheel:
-            wheel.extractall(folder / "wheel")
+        prepare(folder, args.wheel, results["router_args"])
         for _ in range(min(max(args.rounds, 1), 10)):
             results["rounds"].append(
                 {
